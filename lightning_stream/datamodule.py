@@ -1,0 +1,52 @@
+"""What every streaming data module shares: topology from the trainer, the callback."""
+
+from __future__ import annotations
+
+import logging
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Checkpoint
+
+from lightning_stream.callback import StreamStateCallback
+from lightning_stream.stream import ResumableStream
+
+log = logging.getLogger(__name__)
+
+
+class StreamingDataModule(pl.LightningDataModule):
+    """Base of the data modules whose train stream resumes exactly.
+
+    Outside a ``Trainer`` (``dm.setup("fit")``, then iterating ``dm.train_dataloader()``)
+    the module acts as rank 0 of 1 and each iteration is one epoch, starting at 0.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stream: ResumableStream | None = None
+
+    def _rank_and_world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        if trainer is None:
+            return 0, 1
+        return trainer.global_rank, trainer.world_size
+
+    def _attach_callback(self) -> None:
+        """Add a StreamStateCallback to the trainer when the user did not.
+
+        Without it a resume would silently restart the epoch. It goes before the
+        checkpoint callbacks so a batch is counted before a checkpoint saved at its end.
+        """
+        trainer = self.trainer
+        if trainer is None or any(isinstance(c, StreamStateCallback) for c in trainer.callbacks):
+            return
+        position = next(
+            (i for i, c in enumerate(trainer.callbacks) if isinstance(c, Checkpoint)),
+            len(trainer.callbacks),
+        )
+        trainer.callbacks.insert(position, StreamStateCallback())
+        log.info("%s added StreamStateCallback to the trainer", type(self).__name__)
+
+    def train_dataloader(self):
+        if self.stream is None:
+            raise RuntimeError(f"call {type(self).__name__}.setup('fit') before train_dataloader()")
+        return self.stream.loader()

@@ -1,0 +1,149 @@
+"""A small real training run that records every sample id reaching ``training_step``.
+
+``python -m lightning_stream.demo ...`` trains a one-layer model on a LanceDB table with
+Lightning (DDP when ``--devices`` > 1, whose launcher starts the other ranks as real
+processes) and appends each batch's ids to a per-rank ledger file. The demo command and
+the tests read those ledgers (:mod:`lightning_stream.ledger`) to check that every sample
+of every epoch was trained on exactly once across kills and resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+from pathlib import Path
+
+import lightning.pytorch as pl
+import numpy as np
+import pyarrow as pa
+import torch
+from lightning.pytorch.callbacks import Checkpoint
+
+from lightning_stream import LanceDataModule, StreamStateCallback
+
+
+class LedgerModel(pl.LightningModule):
+    """A one-layer model that writes the ids of each training batch to a per-rank file."""
+
+    def __init__(self, ledger_dir: str, use_estimated_steps: bool = False) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(16, 1)
+        self.ledger_dir = Path(ledger_dir)
+        self.use_estimated_steps = use_estimated_steps
+        self._ledger = None
+
+    def on_fit_start(self) -> None:
+        self.ledger_dir.mkdir(parents=True, exist_ok=True)
+        path = self.ledger_dir / f"rank{self.global_rank}.jsonl"
+        self._ledger = path.open("a", buffering=1)
+
+    def training_step(self, batch, batch_idx):
+        stream = self.trainer.datamodule.stream
+        entry = {
+            "epoch": self.current_epoch,
+            "stream_epoch": stream.state.epoch,
+            "step": self.global_step,
+            "ids": batch["id"].tolist(),
+        }
+        self._ledger.write(json.dumps(entry) + "\n")
+        prediction = self.layer(batch["vec"]).squeeze(-1)
+        return torch.nn.functional.mse_loss(prediction, batch["label"].float())
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.01)
+        if not self.use_estimated_steps:
+            return optimizer
+        total = self.trainer.estimated_stepping_batches
+        scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, total_iters=max(1, total))
+        return {"optimizer": optimizer, "lr_scheduler": scheduler}
+
+
+class SaveAtSteps(Checkpoint):
+    """Save ``step=<global step>.ckpt`` after the given global steps (and kill, if asked)."""
+
+    def __init__(self, dirpath: str, steps: list[int], kill_at: int | None = None) -> None:
+        self.dirpath = Path(dirpath)
+        self.steps = set(steps)
+        self.kill_at = kill_at
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step in self.steps:
+            trainer.save_checkpoint(self.dirpath / f"step={trainer.global_step}.ckpt")
+        if self.kill_at is not None and trainer.global_step == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def make_table(uri: str, rows: int, table: str = "samples") -> None:
+    """A table of ``rows`` samples: ``id``, a 16-float ``vec`` and a float ``label``."""
+    import lancedb
+
+    rng = np.random.default_rng(0)
+    vec = rng.standard_normal((rows, 16), dtype=np.float32)
+    data = pa.table(
+        {
+            "id": np.arange(rows, dtype=np.int64),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(vec.reshape(-1)), 16),
+            "label": vec.sum(axis=1),
+        }
+    )
+    lancedb.connect(uri).create_table(table, data, mode="overwrite")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--uri", required=True)
+    parser.add_argument("--table", default="samples")
+    parser.add_argument("--ledger-dir", required=True)
+    parser.add_argument("--ckpt-dir", required=True)
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=3)
+    parser.add_argument("--num-splits", type=int, default=12)
+    parser.add_argument("--max-epochs", type=int, default=2)
+    parser.add_argument("--save-at", type=int, nargs="*", default=[])
+    parser.add_argument("--kill-at", type=int)
+    parser.add_argument("--ckpt-path")
+    parser.add_argument("--limit-train-batches", type=int)
+    parser.add_argument("--reload-every-epoch", action="store_true")
+    parser.add_argument("--estimated-steps", action="store_true")
+    parser.add_argument("--shuffle-seed", type=int, default=0)
+    parser.add_argument("--explicit-callback", action="store_true")
+    args = parser.parse_args()
+    run(args)
+
+
+def run(args: argparse.Namespace) -> pl.Trainer:
+    datamodule = LanceDataModule(
+        args.uri,
+        args.table,
+        num_splits=args.num_splits,
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        shuffle_seed=args.shuffle_seed,
+    )
+    callbacks = [SaveAtSteps(args.ckpt_dir, args.save_at, args.kill_at)]
+    if args.explicit_callback:
+        callbacks.insert(0, StreamStateCallback())
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
+        max_epochs=args.max_epochs,
+        callbacks=callbacks,
+        logger=False,
+        default_root_dir=args.ckpt_dir,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_train_batches=args.limit_train_batches,
+        reload_dataloaders_every_n_epochs=1 if args.reload_every_epoch else 0,
+    )
+    model = LedgerModel(args.ledger_dir, args.estimated_steps)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=args.ckpt_path)
+    return trainer
+
+
+if __name__ == "__main__":
+    main()

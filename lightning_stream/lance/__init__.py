@@ -1,0 +1,5 @@
+"""LanceDB tables as exactly resumable training streams."""
+
+from lightning_stream.lance.datamodule import LanceDataModule
+
+__all__ = ["LanceDataModule"]

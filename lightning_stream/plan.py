@@ -1,0 +1,190 @@
+"""Which sample goes to which rank, worker and step: pure arithmetic, no I/O.
+
+A stream is cut into ``num_splits`` splits of equal length. Rank ``r`` of ``W`` owns a
+contiguous block of ``num_splits / W`` splits and its worker ``k`` of ``K`` a contiguous
+sub-block. Within one iterator the rows of its splits arrive round-robin, one row per
+split per cycle (the order of ``lancedb.streaming.StreamingDataset``); a DataLoader with
+``K`` workers hands out the workers' batches in turn.
+
+The state of a stream is, per split, how many of its rows ``training_step`` has consumed
+in the current epoch. After an elastic resume a rank's splits can have unequal counts; the
+rank then first serves the lagging splits until its counts are level (lowest count first,
+lower split index on ties, as lancedb does) and only then starts its workers, because
+lancedb's loader cannot start workers from uneven counts.
+
+Every rank must take the same number of steps in an epoch (DDP pairs collectives by
+step), so :class:`RankEpochPlan` shapes each rank's remainder into the same number of
+batches, all of them non-empty and none larger than ``batch_size``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+
+def check_topology(num_splits: int, world_size: int, num_workers: int) -> None:
+    """Raise ``ValueError`` unless ``num_splits`` divides evenly over ranks and workers."""
+    if num_splits <= 0:
+        raise ValueError(f"num_splits must be a positive integer, got {num_splits}")
+    parts = world_size * max(1, num_workers)
+    if num_splits % parts:
+        options = [d for d in range(1, num_splits + 1) if num_splits % d == 0]
+        raise ValueError(
+            f"num_splits={num_splits} is not divisible by world_size * max(1, num_workers)"
+            f" = {world_size} * {max(1, num_workers)} = {parts}. Choose num_splits as a"
+            f" multiple of {parts} (e.g. {parts * math.ceil(num_splits / parts)}), or a"
+            f" topology whose product divides {num_splits}: {options}."
+        )
+
+
+def rank_splits(num_splits: int, world_size: int, rank: int) -> range:
+    """The contiguous block of splits that ``rank`` owns."""
+    per_rank = num_splits // world_size
+    return range(rank * per_rank, (rank + 1) * per_rank)
+
+
+def worker_rows(rows: int, num_workers: int, batch_size: int, rows_per_worker: int) -> list[int]:
+    """Rows each worker has delivered after ``rows`` rows of a round-robin DataLoader.
+
+    Every worker holds ``rows_per_worker`` rows and cuts them into batches of
+    ``batch_size`` (its last batch may be short); the DataLoader returns one batch of
+    each worker in turn. ``rows`` may end inside a batch.
+    """
+    workers = max(1, num_workers)
+    delivered = [0] * workers
+    if rows_per_worker == 0:
+        return delivered
+    batches_per_worker = math.ceil(rows_per_worker / batch_size)
+    full_rounds = min(rows // (workers * batch_size), batches_per_worker - 1)
+    delivered = [full_rounds * batch_size] * workers
+    left = rows - full_rounds * workers * batch_size
+    this_round = min(batch_size, rows_per_worker - full_rounds * batch_size)
+    for worker in range(workers):
+        take = min(this_round, left)
+        delivered[worker] += take
+        left -= take
+    if left:
+        raise ValueError(f"{rows} rows exceed the {workers * rows_per_worker} the workers hold")
+    return delivered
+
+
+def catch_up_order(counts: Sequence[int]) -> list[int]:
+    """Indices of the splits that serve each row until every count equals the highest."""
+    level = max(counts, default=0)
+    pending = [(count, index) for index, count in enumerate(counts) if count < level]
+    heapq.heapify(pending)
+    order = []
+    while pending:
+        count, index = heapq.heappop(pending)
+        order.append(index)
+        if count + 1 < level:
+            heapq.heappush(pending, (count + 1, index))
+    return order
+
+
+def batch_sizes(rows: int, steps: int, batch_size: int) -> list[int]:
+    """``steps`` batch sizes that add up to ``rows``: full batches first, none empty."""
+    if not steps <= rows <= steps * batch_size:
+        raise ValueError(f"cannot cut {rows} rows into {steps} batches of 1..{batch_size}")
+    sizes = []
+    for step in range(steps):
+        size = min(batch_size, rows - (steps - step - 1))
+        sizes.append(size)
+        rows -= size
+    return sizes
+
+
+@dataclass(frozen=True)
+class RankEpochPlan:
+    """One rank's part of one epoch, from a (possibly partly consumed) merged state.
+
+    Args:
+        consumed: rows consumed so far in this epoch, per split (all ``num_splits``).
+        split_len: rows in every split.
+        world_size: processes of this run.
+        rank: this process.
+        num_workers: DataLoader workers of this rank (0: in the main process).
+        batch_size: the largest batch ``training_step`` receives.
+    """
+
+    consumed: tuple[int, ...]
+    split_len: int
+    world_size: int
+    rank: int
+    num_workers: int
+    batch_size: int
+
+    @cached_property
+    def splits(self) -> range:
+        return rank_splits(len(self.consumed), self.world_size, self.rank)
+
+    @cached_property
+    def start(self) -> tuple[int, ...]:
+        return tuple(self.consumed[s] for s in self.splits)
+
+    @cached_property
+    def catch_up(self) -> list[int]:
+        """Local split index of each row served before the workers start."""
+        return catch_up_order(self.start)
+
+    @cached_property
+    def level(self) -> int:
+        return max(self.start, default=0)
+
+    @cached_property
+    def rows(self) -> int:
+        return sum(self.split_len - count for count in self.start)
+
+    @cached_property
+    def steps(self) -> int:
+        """Batches every rank takes: enough for the rank with the most rows left."""
+        per_rank = len(self.splits)
+        remaining = [
+            sum(self.split_len - c for c in self.consumed[r * per_rank : (r + 1) * per_rank])
+            for r in range(self.world_size)
+        ]
+        steps = math.ceil(max(remaining) / self.batch_size)
+        if min(remaining) < steps:
+            raise ValueError(
+                f"cannot resume this epoch on {self.world_size} processes: rank"
+                f" {remaining.index(min(remaining))} has {min(remaining)} samples left and"
+                f" another rank {max(remaining)}, but DDP needs every rank to take the same"
+                f" {steps} steps with at least one sample each. Resume on the number of"
+                " processes that saved the checkpoint, or from an earlier checkpoint."
+            )
+        return steps
+
+    @cached_property
+    def sizes(self) -> list[int]:
+        return batch_sizes(self.rows, self.steps, self.batch_size)
+
+    def counts_after(self, rows: int) -> list[int]:
+        """Per-split consumed counts of this rank's splits after ``rows`` rows of the plan."""
+        counts = list(self.start)
+        caught_up = min(rows, len(self.catch_up))
+        for index in self.catch_up[:caught_up]:
+            counts[index] += 1
+        rows -= caught_up
+        if rows <= 0:
+            return counts
+        workers = max(1, self.num_workers)
+        per_worker = len(counts) // workers
+        delivered = worker_rows(
+            rows, self.num_workers, self.batch_size, per_worker * (self.split_len - self.level)
+        )
+        for worker, given in enumerate(delivered):
+            cycles, extra = divmod(given, per_worker)
+            for offset in range(per_worker):
+                counts[worker * per_worker + offset] = (
+                    self.level + cycles + (1 if offset < extra else 0)
+                )
+        return counts
+
+
+def full_epoch_steps(num_splits: int, split_len: int, world_size: int, batch_size: int) -> int:
+    """Batches per rank in an epoch that starts from nothing consumed."""
+    return math.ceil(num_splits // world_size * split_len / batch_size)

@@ -1,0 +1,252 @@
+"""A rank's resumable stream: epochs, the batches ``training_step`` consumed, the loader.
+
+Both data modules keep one :class:`ResumableStream` per fit. It owns the stream state of
+this rank, decides which epoch an iterator serves, and counts what ``training_step``
+consumed (told by :class:`~lightning_stream.StreamStateCallback` after every batch), so
+that Lightning's pre-fetch (the loader running ahead of training) never shows in a
+checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from lightning_stream.batching import Batch, batch_len, rechunk
+from lightning_stream.plan import RankEpochPlan, full_epoch_steps
+from lightning_stream.state import StreamState, check_identity
+
+
+class ChunkSource(Protocol):
+    """Where a stream's rows come from (a LanceDB table, a video dataset)."""
+
+    num_splits: int
+    split_len: int
+
+    @property
+    def identity(self) -> dict[str, Any]: ...
+
+    def pin(self, identity: dict[str, Any]) -> None:
+        """Read exactly the data version named in a saved identity from now on."""
+
+    def chunks(self, epoch: int, consumed: list[int], plan: RankEpochPlan) -> Iterator[Batch]:
+        """This rank's remaining rows of ``epoch`` in plan order, as columnar chunks."""
+
+
+class _EpochRun:
+    """One started iterator of one epoch: its plan and the batches still in flight."""
+
+    def __init__(self, plan: RankEpochPlan) -> None:
+        self.plan = plan
+        self.in_flight: deque[int] = deque()
+        self.rows = 0
+
+
+class ResumableStream:
+    """This rank's part of a stream, with exact progress per split.
+
+    Args:
+        source: the rows.
+        batch_size: rows per batch (per process).
+        num_workers: DataLoader worker processes of this rank (0: the main process).
+        rank: this process's rank.
+        world_size: processes in the run.
+        owner: the data module's name, used in error messages.
+    """
+
+    def __init__(
+        self,
+        source: ChunkSource,
+        *,
+        batch_size: int,
+        num_workers: int,
+        rank: int,
+        world_size: int,
+        owner: str,
+    ) -> None:
+        self.source = source
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.rank = rank
+        self.world_size = world_size
+        self.owner = owner
+        self.tracking = False
+        self.resumed = False
+        self.state = StreamState(
+            identity=source.identity,
+            consumed=[0] * source.num_splits,
+            topology=self.topology,
+        )
+        self._run: _EpochRun | None = None
+
+    @property
+    def topology(self) -> dict[str, int]:
+        return {
+            "world_size": self.world_size,
+            "num_workers": self.num_workers,
+            "batch_size": self.batch_size,
+        }
+
+    def loader(self) -> EpochLoader:
+        return EpochLoader(self)
+
+    def _epoch_finished(self) -> bool:
+        state = self.state
+        return state.epoch_done or all(c >= self.source.split_len for c in state.consumed)
+
+    def _upcoming(self) -> tuple[int, list[int], int]:
+        """Epoch, consumed counts and steps that the next iterator starts from."""
+        state = self.state
+        if self._run is not None or self._epoch_finished():
+            return state.epoch + 1, [0] * self.source.num_splits, 0
+        return state.epoch, list(state.consumed), state.steps
+
+    def next_plan(self) -> RankEpochPlan:
+        """The plan of the epoch the next iterator serves (without starting it)."""
+        return self._plan(self._upcoming()[1])
+
+    def _plan(self, consumed: list[int]) -> RankEpochPlan:
+        return RankEpochPlan(
+            consumed=tuple(consumed),
+            split_len=self.source.split_len,
+            world_size=self.world_size,
+            rank=self.rank,
+            num_workers=self.num_workers,
+            batch_size=self.batch_size,
+        )
+
+    def full_epoch_steps(self) -> int:
+        return full_epoch_steps(
+            self.source.num_splits, self.source.split_len, self.world_size, self.batch_size
+        )
+
+    def start_epoch(self) -> _EpochRun:
+        """Begin the iterator of an epoch: the one in progress, or the next one, fresh."""
+        state = self.state
+        state.epoch, state.consumed, state.steps = self._upcoming()
+        state.epoch_done = False
+        run = _EpochRun(self._plan(state.consumed))
+        self._run = run
+        return run
+
+    def batches(self, run: _EpochRun) -> Iterator[Batch]:
+        chunks = self.source.chunks(self.state.epoch, list(self.state.consumed), run.plan)
+        for batch in rechunk(chunks, run.plan.sizes):
+            if self.tracking and run is self._run:
+                run.in_flight.append(batch_len(batch))
+            yield batch
+
+    def commit_batch(self, last_batch: bool) -> None:
+        """Record that ``training_step`` finished the oldest batch still in flight."""
+        run = self._run
+        if run is None or not run.in_flight:
+            raise RuntimeError(
+                f"a training batch finished that {self.owner}'s train loader did not hand out;"
+                " StreamStateCallback needs training batches to come from"
+                f" {self.owner}.train_dataloader()"
+            )
+        run.rows += run.in_flight.popleft()
+        state = self.state
+        state.steps += 1
+        for split, count in zip(run.plan.splits, run.plan.counts_after(run.rows)):
+            state.consumed[split] = count
+        state.epoch_done = last_batch or run.rows == run.plan.rows
+
+    def local_progress(self) -> list[int]:
+        """``[epoch, epoch_done, steps, *consumed]`` of this rank, for the gather."""
+        state = self.state
+        return [state.epoch, int(state.epoch_done), state.steps, *state.consumed]
+
+    def merged_state(self, progress: list[int], complete: bool) -> StreamState:
+        epoch, done, steps, *consumed = progress
+        return StreamState(
+            identity=self.source.identity,
+            epoch=epoch,
+            consumed=consumed,
+            epoch_done=bool(done),
+            steps=steps,
+            complete=complete,
+            topology=self.topology,
+        )
+
+    def load(self, state: StreamState) -> None:
+        """Continue from a merged state saved by any topology."""
+        if not state.complete:
+            raise ValueError(
+                "this checkpoint was written by one rank alone (after an exception), so it"
+                " lacks the other ranks' progress and cannot resume exactly; resume from the"
+                " last checkpoint that all ranks saved"
+            )
+        check_identity(state.identity, self.source.identity, self.owner)
+        self.source.pin(state.identity)
+        if len(state.consumed) != self.source.num_splits:
+            raise ValueError(
+                f"the checkpoint holds {len(state.consumed)} splits but {self.owner} has"
+                f" num_splits={self.source.num_splits}"
+            )
+        self.state = StreamState(
+            identity=self.source.identity,
+            epoch=state.epoch,
+            consumed=list(state.consumed),
+            epoch_done=state.epoch_done,
+            steps=state.steps,
+            topology=self.topology,
+        )
+        self._run = None
+        self.resumed = True
+        self.next_plan().steps  # fail now, not mid-epoch, if this topology cannot resume
+
+
+class EpochLoader:
+    """What ``train_dataloader()`` returns: each ``iter()`` serves one epoch of this rank.
+
+    Nothing is read until the first ``next()``: Lightning calls ``iter()`` once only to
+    check that the loader is iterable. ``len()`` is the number of batches per rank of a
+    full epoch on this topology, so the progress bar shows a total; a resumed epoch has
+    fewer, and :class:`~lightning_stream.StreamStateCallback` tells Lightning's loop.
+    """
+
+    def __init__(self, stream: ResumableStream) -> None:
+        self.stream = stream
+
+    def __iter__(self) -> Iterator[Batch]:
+        return _LazyEpoch(self.stream)
+
+    def __len__(self) -> int:
+        return self.stream.full_epoch_steps()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Empty: Lightning saves a loader's state from rank 0 only, which cannot resume
+        other ranks; StreamStateCallback gathers every rank instead. Having this method
+        tells Lightning the loader is resumable."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Nothing to load; see :meth:`state_dict`."""
+
+
+class _LazyEpoch(Iterator[Batch]):
+    def __init__(self, stream: ResumableStream) -> None:
+        self._stream = stream
+        self._batches: Iterator[Batch] | None = None
+
+    def __next__(self) -> Batch:
+        if self._batches is None:
+            stream = self._stream
+            self._batches = stream.batches(stream.start_epoch())
+        return next(self._batches)
+
+
+def steps_to_skip(stream: ResumableStream, lightning_batches: int, limit: int | float) -> int:
+    """Where Lightning's batch counter must stand so that the epoch ends with the stream.
+
+    Lightning ends an epoch after ``num_training_batches`` batches, counting those done
+    before the checkpoint; after an elastic resume the stream's remainder has another
+    length than Lightning's count implies. With ``limit_train_batches`` below the epoch
+    length, Lightning's own count is kept: the user asked for that many batches.
+    """
+    total = stream.full_epoch_steps()
+    if limit < total:
+        return lightning_batches
+    return total - stream.next_plan().steps
