@@ -91,8 +91,8 @@ def make_table(uri: str, rows: int, table: str = "samples") -> None:
     lancedb.connect(uri).create_table(table, data, mode="overwrite")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def arguments() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--uri", required=True)
     parser.add_argument("--table", default="samples")
     parser.add_argument("--ledger-dir", required=True)
@@ -110,8 +110,11 @@ def main() -> None:
     parser.add_argument("--estimated-steps", action="store_true")
     parser.add_argument("--shuffle-seed", type=int, default=0)
     parser.add_argument("--explicit-callback", action="store_true")
-    args = parser.parse_args()
-    run(args)
+    return parser
+
+
+def main() -> None:
+    run(arguments().parse_args())
 
 
 def run(args: argparse.Namespace) -> pl.Trainer:
