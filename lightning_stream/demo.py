@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -61,18 +59,19 @@ class LedgerModel(pl.LightningModule):
 
 
 class SaveAtSteps(Checkpoint):
-    """Save ``step=<global step>.ckpt`` after the given global steps (and kill, if asked)."""
+    """Save ``step=<global step>.ckpt`` after the given global steps.
 
-    def __init__(self, dirpath: str, steps: list[int], kill_at: int | None = None) -> None:
+    A :class:`~lightning.pytorch.callbacks.Checkpoint`, so Lightning runs it after
+    StreamStateCallback has counted the batch.
+    """
+
+    def __init__(self, dirpath: str, steps: list[int]) -> None:
         self.dirpath = Path(dirpath)
         self.steps = set(steps)
-        self.kill_at = kill_at
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step in self.steps:
             trainer.save_checkpoint(self.dirpath / f"step={trainer.global_step}.ckpt")
-        if self.kill_at is not None and trainer.global_step == self.kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def make_table(uri: str, rows: int, table: str = "samples") -> None:
@@ -103,7 +102,6 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--num-splits", type=int, default=12)
     parser.add_argument("--max-epochs", type=int, default=2)
     parser.add_argument("--save-at", type=int, nargs="*", default=[])
-    parser.add_argument("--kill-at", type=int)
     parser.add_argument("--ckpt-path")
     parser.add_argument("--limit-train-batches", type=int)
     parser.add_argument("--reload-every-epoch", action="store_true")
@@ -126,7 +124,7 @@ def run(args: argparse.Namespace) -> pl.Trainer:
         num_workers=args.workers,
         shuffle_seed=args.shuffle_seed,
     )
-    callbacks = [SaveAtSteps(args.ckpt_dir, args.save_at, args.kill_at)]
+    callbacks = [SaveAtSteps(args.ckpt_dir, args.save_at)]
     if args.explicit_callback:
         callbacks.insert(0, StreamStateCallback())
     trainer = pl.Trainer(

@@ -66,7 +66,7 @@ def merge(progress: Sequence[Sequence[int]]) -> list[int]:
             f"ranks are in different epochs {sorted(epochs)} at checkpoint time; the"
             " stream state cannot be merged"
         )
-    return [max(column) for column in zip(*progress)]
+    return [max(column) for column in zip(*progress, strict=True)]
 
 
 def check_identity(saved: Mapping[str, Any], current: Mapping[str, Any], owner: str) -> None:

@@ -149,7 +149,7 @@ class ResumableStream:
         run.rows += run.in_flight.popleft()
         state = self.state
         state.steps += 1
-        for split, count in zip(run.plan.splits, run.plan.counts_after(run.rows)):
+        for split, count in zip(run.plan.splits, run.plan.counts_after(run.rows), strict=True):
             state.consumed[split] = count
         state.epoch_done = last_batch or run.rows == run.plan.rows
 
@@ -195,7 +195,7 @@ class ResumableStream:
         )
         self._run = None
         self.resumed = True
-        self.next_plan().steps  # fail now, not mid-epoch, if this topology cannot resume
+        _ = self.next_plan().steps  # fail now, not mid-epoch, if this topology cannot resume
 
 
 class EpochLoader:

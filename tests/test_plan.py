@@ -40,7 +40,9 @@ def simulate_rank_stream(start, split_len, num_workers, batch_size):
     return order
 
 
-topologies = st.sampled_from([(12, 1, 0), (12, 2, 2), (12, 3, 2), (12, 4, 0), (12, 2, 3), (8, 2, 4)])
+topologies = st.sampled_from(
+    [(12, 1, 0), (12, 2, 2), (12, 3, 2), (12, 4, 0), (12, 2, 3), (8, 2, 4)]
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -90,7 +92,11 @@ def test_a_resume_that_leaves_a_rank_without_samples_is_refused():
 
 
 def test_rank_and_worker_blocks_are_contiguous_and_disjoint():
-    assert [list(rank_splits(12, 3, r)) for r in range(3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert [list(rank_splits(12, 3, r)) for r in range(3)] == [
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+        [8, 9, 10, 11],
+    ]
     assert worker_rows(10, 2, 3, 6) == [6, 4]
     assert catch_up_order([2, 1, 0]) == [2, 1, 2]
 

@@ -51,7 +51,7 @@ def _to_numpy(column: pa.Array) -> np.ndarray | list:
 def record_batch_rows(batch: pa.RecordBatch) -> list[Row]:
     """lancedb transform: one cheap row reference per row of ``batch``."""
     columns = {name: _to_numpy(batch.column(name)) for name in batch.schema.names}
-    return list(zip(repeat(columns, batch.num_rows), range(batch.num_rows)))
+    return list(zip(repeat(columns, batch.num_rows), range(batch.num_rows), strict=True))
 
 
 class ColumnarCollate:
@@ -65,7 +65,7 @@ class ColumnarCollate:
         self.transform = transform
 
     def __call__(self, rows: Sequence[Row]) -> Batch:
-        sources, indices = zip(*rows)
+        sources, indices = zip(*rows, strict=True)
         offsets: dict[int, int] = {}
         parts: list[Columns] = []
         total = 0

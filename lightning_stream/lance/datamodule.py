@@ -7,10 +7,9 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-
 from lightning_stream.batching import Batch
 from lightning_stream.datamodule import StreamingDataModule
-from lightning_stream.lance.source import LanceSource, count_rows, open_table
+from lightning_stream.lance.source import LanceSource, count_rows
 from lightning_stream.plan import check_topology
 from lightning_stream.stream import ResumableStream
 
@@ -233,4 +232,3 @@ def _normalise_uri(uri: str) -> str:
     if "://" in uri:
         return uri
     return os.path.abspath(os.path.expanduser(uri))
-

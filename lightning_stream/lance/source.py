@@ -181,6 +181,5 @@ def count_rows(table: Any, filter: str | None, uri: str, name: str) -> int:
     except Exception as exc:
         raise ValueError(
             f"filter={filter!r} cannot be applied to table {name!r} in {uri!r}: {exc}."
-            " Pass a SQL predicate over the table's columns, e.g. \"label = 3\""
+            ' Pass a SQL predicate over the table\'s columns, e.g. "label = 3"'
         ) from exc
-

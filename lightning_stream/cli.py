@@ -1,0 +1,118 @@
+"""The ``lightning-stream`` command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from lightning_stream import ledger
+
+DEMO_ROWS = 960
+DEMO_SPLITS = 24  # divides 1, 2, 3 and 4 processes
+DEMO_BATCH = 8
+DEMO_SAVE_AT = 37  # mid-epoch: an epoch is 60 steps on 2 processes
+DEMO_KILL_AFTER = 45
+
+
+def _train_command(workdir: Path, run: str, *args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "lightning_stream.demo",
+        "--uri",
+        str(workdir / "db"),
+        "--ledger-dir",
+        str(workdir / run / "ledger"),
+        "--ckpt-dir",
+        str(workdir / run / "ckpt"),
+        "--num-splits",
+        str(DEMO_SPLITS),
+        "--batch-size",
+        str(DEMO_BATCH),
+        *args,
+    ]
+
+
+def _last_step(ledger_dir: Path) -> int:
+    try:
+        return max(entry["step"] for entry in ledger.read(ledger_dir))
+    except (ValueError, FileNotFoundError):
+        return -1
+
+
+def _train_and_kill(workdir: Path, log) -> Path:
+    """Train on 2 DDP processes and SIGKILL the whole job once it is past the checkpoint."""
+    command = _train_command(workdir, "first", "--devices", "2", "--save-at", str(DEMO_SAVE_AT))
+    job = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
+    ckpt = workdir / "first" / "ckpt" / f"step={DEMO_SAVE_AT}.ckpt"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and job.poll() is None:
+        if ckpt.exists() and _last_step(workdir / "first" / "ledger") >= DEMO_KILL_AFTER:
+            os.killpg(job.pid, signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    job.wait()
+    if not ckpt.exists():
+        raise SystemExit(f"the first run ended before its checkpoint; see {workdir / 'demo.log'}")
+    return ckpt
+
+
+def demo(workdir: Path) -> int:
+    """Train, kill, resume on 1 and on 3 processes, and print the samples ledger."""
+    from lightning_stream.demo import make_table
+
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    make_table(str(workdir / "db"), DEMO_ROWS)
+    print(
+        f"table: {DEMO_ROWS} rows in {DEMO_SPLITS} splits, batch {DEMO_BATCH} per process,"
+        f" 2 epochs; work directory {workdir}"
+    )
+    with (workdir / "demo.log").open("w") as log:
+        print("run 1: 2 processes (ddp, gloo) ...", flush=True)
+        ckpt = _train_and_kill(workdir, log)
+        killed_at = _last_step(workdir / "first" / "ledger")
+        print(f"  killed with SIGKILL at step {killed_at}; last checkpoint {ckpt.name}")
+        before = ledger.read(workdir / "first" / "ledger")
+        rows = []
+        exact = True
+        for devices in (1, 3):
+            run = f"resume-{devices}"
+            print(f"resume from {ckpt.name} on {devices} process(es) ...", flush=True)
+            command = _train_command(
+                workdir, run, "--devices", str(devices), "--ckpt-path", str(ckpt)
+            )
+            subprocess.run(command, stdout=log, stderr=log, check=True)
+            entries = ledger.kept(before, DEMO_SAVE_AT, ledger.read(workdir / run / "ledger"))
+            for epoch in ledger.coverage(entries, DEMO_ROWS):
+                rows.append((f"2 -> {devices}", epoch))
+                exact &= epoch.exact()
+    print("\nsamples ledger (every id that reached training_step, per epoch)")
+    print(
+        f"{'processes':<10} {'epoch':>5} {'samples':>8} {'distinct':>8} {'lost':>5} {'repeated':>8}"
+    )
+    for name, e in rows:
+        print(f"{name:<10} {e.epoch:>5} {e.samples:>8} {e.distinct:>8} {e.lost:>5} {e.repeated:>8}")
+    print("\nexact: every sample of every epoch trained once" if exact else "\nNOT EXACT")
+    return 0 if exact else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lightning-stream", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_demo = commands.add_parser("demo", help=demo.__doc__)
+    run_demo.add_argument("--workdir", type=Path, default=Path("lightning-stream-demo"))
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        return demo(args.workdir.resolve())
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
