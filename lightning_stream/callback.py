@@ -9,6 +9,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from lightning_stream.provenance import provenance
 from lightning_stream.state import StreamState, merge
 from lightning_stream.stream import ResumableStream, steps_to_skip
 
@@ -32,7 +33,8 @@ class StreamStateCallback(Callback):
       advances its per-split counts. Batches the loader pre-fetched are not counted.
     - ``state_dict`` (called on every rank while a checkpoint is made): gathers every
       rank's counts with the strategy's ``all_gather`` and stores the merged record with
-      the run identity (data source, version, seed, splits, filter, columns). A
+      the run identity (data source, version, seed, splits, filter, columns), the
+      topology that saved it and its provenance (library versions, git revision). A
       checkpoint that one rank makes alone (``trainer.interrupted``, e.g. after an
       exception) does not gather, so it cannot hang; it is marked incomplete and refuses
       to resume.
@@ -95,7 +97,7 @@ class StreamStateCallback(Callback):
             gathered = strategy.all_gather(row)
             progress = merge(gathered.reshape(-1, row.numel()).tolist())
             complete = True
-        return stream.merged_state(progress, complete).to_dict()
+        return stream.merged_state(progress, complete, provenance()).to_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:

@@ -108,10 +108,22 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     run_demo = commands.add_parser("demo", help=demo.__doc__)
     run_demo.add_argument("--workdir", type=Path, default=Path("lightning-stream-demo"))
+    run_inspect = commands.add_parser(
+        "inspect", help="print a checkpoint's data provenance (tensors are not read)"
+    )
+    run_inspect.add_argument("checkpoint", type=Path)
+    run_inspect.add_argument("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo(args.workdir.resolve())
-    return 2
+    from lightning_stream.inspect import render
+
+    try:
+        print(render(args.checkpoint, args.json))
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"lightning-stream inspect: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

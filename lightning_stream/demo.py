@@ -17,9 +17,10 @@ import lightning.pytorch as pl
 import numpy as np
 import pyarrow as pa
 import torch
-from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 
-from lightning_stream import LanceDataModule, StreamStateCallback
+from lightning_stream import AtomicCheckpointIO, LanceDataModule, LoaderMonitor, StreamStateCallback
 
 
 class LedgerModel(pl.LightningModule):
@@ -108,6 +109,8 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--estimated-steps", action="store_true")
     parser.add_argument("--shuffle-seed", type=int, default=0)
     parser.add_argument("--explicit-callback", action="store_true")
+    parser.add_argument("--save-every", type=int, help="ModelCheckpoint every n steps + last")
+    parser.add_argument("--monitor", action="store_true", help="LoaderMonitor + CSV logger")
     return parser
 
 
@@ -115,7 +118,7 @@ def main() -> None:
     run(arguments().parse_args())
 
 
-def run(args: argparse.Namespace) -> pl.Trainer:
+def run(args: argparse.Namespace, extra_callbacks: tuple[Callback, ...] = ()) -> pl.Trainer:
     datamodule = LanceDataModule(
         args.uri,
         args.table,
@@ -124,16 +127,31 @@ def run(args: argparse.Namespace) -> pl.Trainer:
         num_workers=args.workers,
         shuffle_seed=args.shuffle_seed,
     )
-    callbacks = [SaveAtSteps(args.ckpt_dir, args.save_at)]
+    callbacks = [SaveAtSteps(args.ckpt_dir, args.save_at), *extra_callbacks]
     if args.explicit_callback:
         callbacks.insert(0, StreamStateCallback())
+    if args.save_every:
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=args.ckpt_dir,
+                every_n_train_steps=args.save_every,
+                save_last=True,
+                save_top_k=-1,
+            )
+        )
+    logger = False
+    if args.monitor:
+        callbacks.append(LoaderMonitor())
+        logger = CSVLogger(args.ckpt_dir, name="logs")
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=args.devices,
         strategy="ddp" if args.devices > 1 else "auto",
         max_epochs=args.max_epochs,
         callbacks=callbacks,
-        logger=False,
+        logger=logger,
+        log_every_n_steps=1,
+        plugins=[AtomicCheckpointIO()],
         default_root_dir=args.ckpt_dir,
         enable_progress_bar=False,
         enable_model_summary=False,

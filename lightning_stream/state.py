@@ -30,6 +30,7 @@ class StreamState:
         complete: every rank's progress is in the record. ``False`` for a checkpoint
             that one rank wrote alone (after an exception), which cannot resume exactly.
         topology: world size, workers and batch size of the run that saved it.
+        provenance: library versions, code revision and time of the save.
     """
 
     identity: dict[str, Any]
@@ -39,6 +40,7 @@ class StreamState:
     steps: int = 0
     complete: bool = True
     topology: dict[str, int] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, **asdict(self)}

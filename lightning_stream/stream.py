@@ -9,6 +9,7 @@ checkpoint.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -32,6 +33,9 @@ class ChunkSource(Protocol):
 
     def chunks(self, epoch: int, consumed: list[int], plan: RankEpochPlan) -> Iterator[Batch]:
         """This rank's remaining rows of ``epoch`` in plan order, as columnar chunks."""
+
+    def counters(self) -> dict[str, float]:
+        """The source's own counters (bytes loaded, queue depths, rows skipped)."""
 
 
 class _EpochRun:
@@ -73,6 +77,7 @@ class ResumableStream:
         self.owner = owner
         self.tracking = False
         self.resumed = False
+        self.last_wait = 0.0
         self.state = StreamState(
             identity=source.identity,
             consumed=[0] * source.num_splits,
@@ -87,6 +92,9 @@ class ResumableStream:
             "num_workers": self.num_workers,
             "batch_size": self.batch_size,
         }
+
+    def counters(self) -> dict[str, float]:
+        return self.source.counters()
 
     def loader(self) -> EpochLoader:
         return EpochLoader(self)
@@ -158,7 +166,9 @@ class ResumableStream:
         state = self.state
         return [state.epoch, int(state.epoch_done), state.steps, *state.consumed]
 
-    def merged_state(self, progress: list[int], complete: bool) -> StreamState:
+    def merged_state(
+        self, progress: list[int], complete: bool, provenance: dict[str, Any]
+    ) -> StreamState:
         epoch, done, steps, *consumed = progress
         return StreamState(
             identity=self.source.identity,
@@ -168,6 +178,7 @@ class ResumableStream:
             steps=steps,
             complete=complete,
             topology=self.topology,
+            provenance=provenance,
         )
 
     def load(self, state: StreamState) -> None:
@@ -232,10 +243,13 @@ class _LazyEpoch(Iterator[Batch]):
         self._batches: Iterator[Batch] | None = None
 
     def __next__(self) -> Batch:
+        stream = self._stream
+        started = time.perf_counter()
         if self._batches is None:
-            stream = self._stream
             self._batches = stream.batches(stream.start_epoch())
-        return next(self._batches)
+        batch = next(self._batches)
+        stream.last_wait = time.perf_counter() - started
+        return batch
 
 
 def steps_to_skip(stream: ResumableStream, lightning_batches: int, limit: int | float) -> int:

@@ -9,15 +9,16 @@ from lightning_stream import ledger
 from lightning_stream.demo import make_table
 
 ROWS = 240  # 12 splits of 20 rows, no surplus
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = "lightning_stream.demo"
 
 
-def train(workdir: Path, name: str, *args: str, expect_failure: bool = False, timeout=300):
-    """Run ``python -m lightning_stream.demo`` (DDP ranks are real processes)."""
+def train_command(workdir: Path, name: str, *args: str, module=DEMO):
     out = workdir / name
-    command = [
+    return out, [
         sys.executable,
         "-m",
-        "lightning_stream.demo",
+        module,
         "--uri",
         str(workdir / "db"),
         "--ledger-dir",
@@ -26,8 +27,17 @@ def train(workdir: Path, name: str, *args: str, expect_failure: bool = False, ti
         str(out / "ckpt"),
         *args,
     ]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
+
+
+def train(
+    workdir: Path, name: str, *args: str, expect_failure=False, module="lightning_stream.demo"
+):
+    """Run a training script as its own process (DDP ranks are real processes too)."""
+    out, command = train_command(workdir, name, *args, module=module)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
     if expect_failure:
         assert result.returncode != 0, result.stdout + result.stderr
     else:

@@ -90,6 +90,7 @@ class LanceSource:
         self.read_batch_size = read_batch_size
         self.multiprocessing_context = multiprocessing_context
         self.collate = ColumnarCollate(transform)
+        self.current: StreamingDataset | None = None
         self._open(version)
 
     def _open(self, version: int | None) -> None:
@@ -152,8 +153,19 @@ class LanceSource:
             multiprocessing_context=self.multiprocessing_context if num_workers else None,
         )
 
+    def counters(self) -> dict[str, float]:
+        dataset = self.current
+        if dataset is None:
+            return {}
+        return {
+            "bytes_loaded": dataset.bytes_loaded,
+            "prefetched_rows": dataset.prefetch_queue_depth,
+            "raw_rows": dataset.raw_queue_depth,
+            "rows_skipped": dataset.rows_skipped,
+        }
+
     def chunks(self, epoch: int, consumed: list[int], plan: RankEpochPlan) -> Iterator[Batch]:
-        dataset = self.dataset(epoch, plan.rank, plan.world_size)
+        dataset = self.current = self.dataset(epoch, plan.rank, plan.world_size)
         dataset.load_state_dict(
             {
                 "num_splits": self.num_splits,
@@ -171,7 +183,20 @@ class LanceSource:
                     yield self.collate([next(rows) for _ in range(count)])
             finally:
                 rows.close()
-        yield from self.loader(dataset, plan.batch_size, plan.num_workers)
+        try:
+            yield from self.loader(dataset, plan.batch_size, plan.num_workers)
+        except (RuntimeError, ConnectionError, EOFError) as exc:
+            # A dead worker surfaces as torch's RuntimeError, or as a broken connection
+            # when it dies while handing over a batch's shared memory.
+            if not plan.num_workers or (
+                isinstance(exc, RuntimeError) and "DataLoader worker" not in str(exc)
+            ):
+                raise
+            raise RuntimeError(
+                f"a DataLoader worker of rank {plan.rank} died while reading table"
+                f" {self.name!r} ({exc}). Nothing after the last checkpoint is lost: resume"
+                " with trainer.fit(..., ckpt_path=<last checkpoint>)"
+            ) from exc
 
 
 def count_rows(table: Any, filter: str | None, uri: str, name: str) -> int:

@@ -1,0 +1,67 @@
+"""``lightning_stream.demo`` with faults injected from inside the training process."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from lightning_stream.checkpoint_io import PARTIAL_SUFFIX
+from lightning_stream.demo import arguments, run
+
+
+class KillDuringSave(Callback):
+    """At the n-th save, SIGKILL this process while the checkpoint file is being written."""
+
+    def __init__(self, ckpt_dir: str, save_number: int) -> None:
+        self.ckpt_dir = Path(ckpt_dir)
+        self.save_number = save_number
+        self.saves = 0
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        self.saves += 1
+        if self.saves == self.save_number:
+            # 64 MB of ballast, so that writing the file takes long enough to be caught.
+            checkpoint["ballast"] = torch.ones(16 * 2**20)
+            threading.Thread(target=self._kill_once_writing, daemon=True).start()
+
+    def _kill_once_writing(self) -> None:
+        while True:
+            for partial in self.ckpt_dir.glob(f".*{PARTIAL_SUFFIX}"):
+                if partial.stat().st_size > 0:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(0.0002)
+
+
+class KillWorker(Callback):
+    """SIGKILL one DataLoader worker after the given global step."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(multiprocessing.active_children()[0].pid, signal.SIGKILL)
+
+
+def main() -> None:
+    parser = arguments()
+    parser.add_argument("--kill-during-save", type=int)
+    parser.add_argument("--kill-worker-after", type=int)
+    args = parser.parse_args()
+    faults = []
+    if args.kill_during_save:
+        faults.append(KillDuringSave(args.ckpt_dir, args.kill_during_save))
+    if args.kill_worker_after:
+        faults.append(KillWorker(args.kill_worker_after))
+    run(args, tuple(faults))
+
+
+if __name__ == "__main__":
+    main()
