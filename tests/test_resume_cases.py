@@ -132,3 +132,13 @@ def _fit_module(dm, ckpt):
     model = LedgerModel(str(ckpt.parent / "unused-ledger"))
     trainer.fit(model, datamodule=dm, ckpt_path=str(ckpt))
     return torch
+
+
+def test_a_checkpoint_written_by_one_rank_alone_refuses_to_resume(table_dir):
+    from lightning_stream.state import StreamState
+
+    dm = LanceDataModule(str(table_dir / "db"), "samples", num_splits=12, batch_size=3)
+    dm.setup("fit")
+    partial = StreamState(identity=dm.stream.source.identity, consumed=[1] * 12, complete=False)
+    with pytest.raises(ValueError, match="written by one rank alone"):
+        dm.stream.load(partial)
