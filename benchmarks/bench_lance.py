@@ -1,46 +1,54 @@
-"""Rows/s of LanceDataModule's loader next to a hand-written lancedb loader, in one run.
+"""LanceDataModule's loader next to hand-written lancedb loaders, measured in one run.
 
-    python benchmarks/bench_lance.py            # 200k rows x (16 float32 + int64), batch 256
+    python benchmarks/bench_lance.py     # 200k rows x (16 float32 + int64 label + int64 id)
 
-Every configuration runs ``--rounds`` times, interleaved (A B A B ...), on the same table,
-and the best round of each is compared: the machines are shared and noisy, so the report
-is ratios of figures measured side by side, not absolute times.
+Each configuration runs in a fresh process that has imported Lightning (as a training
+process has), on the same table, ``--rounds`` times interleaved; the best round counts.
+The machines are shared and noisy, so the report is ratios of figures measured side by
+side. Configurations (batch 256, 32 splits, shuffled):
 
-- ``raw``: ``lancedb.streaming.StreamingDataLoader`` written by hand with the best
-  settings found here: a transform that turns each Arrow record batch into per-row tensor
-  views once (not lancedb's row-by-row Python dicts), the default collate, the same
-  ``read_batch_size`` and ``num_splits`` as the data module.
-- ``module``: ``LanceDataModule(...).train_dataloader()``, one epoch.
-- ``fit``: ``Trainer.fit`` for one epoch of a model whose ``training_step`` does nothing,
-  timed from the first to the last batch, next to the bare loader loop after its first
-  batch (``num_workers=0``).
+- ``raw-default``: ``lancedb.streaming.StreamingDataLoader`` at lancedb's defaults (rows as
+  Python dicts, the default collate).
+- ``raw-best``: the best hand-written raw loader found here: a transform that turns each
+  Arrow record batch into per-row tensor views once, the default collate,
+  ``read_batch_size=256``.
+- ``module``: ``LanceDataModule`` with its defaults; ``module-resumed`` the same after
+  loading a mid-epoch state with uneven split counts (as a 2-worker run leaves at an
+  odd step); ``module-clump`` with ``shuffle_clump_size=1024``.
+- ``fit``: ``Trainer.fit`` for one epoch of a model whose ``training_step`` does nothing.
+
+Reported: rows/s over the whole epoch and after the first batch, time to the first
+batch (from the loader's creation), peak RSS of the process tree (the process and its
+DataLoader workers, sampled every 20 ms), and for the shuffle the mean number of distinct
+1,000-row storage blocks in a batch (higher is better mixed).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-import lancedb
-import lightning.pytorch as pl
-import numpy as np
-import pyarrow as pa
-import torch
-from lancedb.streaming import StreamingDataLoader, StreamingDataset
-
-from lightning_stream import LanceDataModule
-
-NUM_SPLITS = 32  # the global batch of 256 is a multiple
-READ_BATCH = 256
+NUM_SPLITS = 32
+ROWS_PER_BLOCK = 1000
 
 
 def make_table(uri: str, rows: int) -> None:
+    import lancedb
+    import numpy as np
+    import pyarrow as pa
+
     rng = np.random.default_rng(0)
     vec = rng.standard_normal((rows, 16), dtype=np.float32)
     data = pa.table(
         {
+            "id": np.arange(rows, dtype=np.int64),
             "vec": pa.FixedSizeListArray.from_arrays(pa.array(vec.reshape(-1)), 16),
             "label": rng.integers(0, 10, rows),
         }
@@ -48,78 +56,153 @@ def make_table(uri: str, rows: int) -> None:
     lancedb.connect(uri).create_table("bench", data, mode="overwrite")
 
 
-def tensor_rows(batch: pa.RecordBatch) -> list[dict]:
-    """Hand-written best raw transform: columns to tensors once, rows as views."""
+def tree_rss_mb() -> float:
+    """Resident memory of this process and all its descendants, from /proc."""
+    total, pending = 0, [os.getpid()]
+    while pending:
+        pid = pending.pop()
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                for line in status:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as children:
+                    pending.extend(int(child) for child in children.read().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total / 1024
+
+
+class PeakRss:
+    def __enter__(self) -> PeakRss:
+        self.peak = tree_rss_mb()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, tree_rss_mb())
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def tensor_rows(batch):
+    """raw-best transform: columns to tensors once per record batch, rows as views."""
+    import torch
+
     vec = torch.from_numpy(batch.column("vec").flatten().to_numpy().reshape(-1, 16))
     label = torch.from_numpy(batch.column("label").to_numpy())
-    return [{"vec": vec[i], "label": label[i]} for i in range(batch.num_rows)]
+    ids = torch.from_numpy(batch.column("id").to_numpy())
+    return [{"vec": vec[i], "label": label[i], "id": ids[i]} for i in range(batch.num_rows)]
 
 
-def epoch_rate(batches) -> tuple[float, float, int]:
-    """(rows/s over the whole epoch, rows/s after the first batch, rows)."""
-    start = time.perf_counter()
-    first = None
-    rows = first_rows = 0
-    for batch in batches:
-        rows += len(batch["label"])
-        if first is None:
-            first, first_rows = time.perf_counter(), rows
-    end = time.perf_counter()
-    return rows / (end - start), (rows - first_rows) / (end - first), rows
+def build_loader(kind: str, uri: str, workers: int, batch_size: int):
+    if kind.startswith("raw"):
+        import lancedb
+        from lancedb.streaming import StreamingDataLoader, StreamingDataset
 
+        table = lancedb.connect(uri).open_table("bench")
+        options = {"transform": tensor_rows, "read_batch_size": 256} if kind == "raw-best" else {}
+        dataset = StreamingDataset(table, num_splits=NUM_SPLITS, shuffle_seed=0, **options)
+        return StreamingDataLoader(
+            dataset,
+            batch_size=batch_size,
+            num_workers=workers,
+            multiprocessing_context="forkserver" if workers else None,
+        )
+    from lightning_stream import LanceDataModule
+    from lightning_stream.state import StreamState
 
-def raw_loader(uri: str, batch_size: int, workers: int):
-    table = lancedb.connect(uri).open_table("bench")
-    dataset = StreamingDataset(
-        table, num_splits=NUM_SPLITS, shuffle_seed=0, read_batch_size=READ_BATCH,
-        transform=tensor_rows,
-    )  # fmt: skip
-    return StreamingDataLoader(
-        dataset,
-        batch_size=batch_size,
-        num_workers=workers,
-        multiprocessing_context="forkserver" if workers else None,
-    )
-
-
-def module_loader(uri: str, batch_size: int, workers: int):
+    options = {"shuffle_clump_size": 1024} if kind == "module-clump" else {}
     dm = LanceDataModule(
         uri, "bench", num_splits=NUM_SPLITS, batch_size=batch_size, num_workers=workers,
-        read_batch_size=READ_BATCH,
+        **options,
     )  # fmt: skip
     dm.setup("fit")
+    if kind == "module-resumed":
+        split_len = dm.stream.source.split_len
+        consumed = [split_len // 2 + (split % 2) for split in range(NUM_SPLITS)]
+        dm.stream.load(StreamState(identity=dm.stream.source.identity, consumed=consumed))
     return dm.train_dataloader()
 
 
-class NoOp(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.anchor = torch.nn.Parameter(torch.zeros(1))
-        self.rows = 0
-        self.first = self.last = None
+def measure_loader(kind: str, uri: str, workers: int, batch_size: int) -> dict:
+    with PeakRss() as rss:
+        start = time.perf_counter()
+        loader = build_loader(kind, uri, workers, batch_size)
+        first = None
+        rows = first_rows = 0
+        blocks = []
+        for batch in loader:
+            ids = batch["id"]
+            rows += len(ids)
+            blocks.append(len({int(i) // ROWS_PER_BLOCK for i in ids}))
+            if first is None:
+                first, first_rows = time.perf_counter(), rows
+        end = time.perf_counter()
+    return {
+        "rows_per_s": rows / (end - start),
+        "steady_rows_per_s": (rows - first_rows) / (end - first),
+        "first_batch_s": first - start,
+        "peak_rss_mb": rss.peak,
+        "blocks_per_batch": sum(blocks) / len(blocks),
+        "rows": rows,
+    }
 
-    def training_step(self, batch, batch_idx):
-        self.last = time.perf_counter()
-        if self.first is None:
-            self.first = self.last  # rows/s after the first batch, like the bare loop
-        else:
-            self.rows += len(batch["label"])
 
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+def measure_fit(uri: str, batch_size: int) -> dict:
+    import lightning.pytorch as pl
+    import torch
 
+    from lightning_stream import LanceDataModule
 
-def fit_rate(uri: str, batch_size: int) -> float:
-    dm = LanceDataModule(
-        uri, "bench", num_splits=NUM_SPLITS, batch_size=batch_size, read_batch_size=READ_BATCH
-    )
+    class NoOp(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.anchor = torch.nn.Parameter(torch.zeros(1))
+            self.rows, self.first, self.last = 0, None, None
+
+        def training_step(self, batch, batch_idx):
+            self.last = time.perf_counter()
+            if self.first is None:
+                self.first = self.last
+            else:
+                self.rows += len(batch["label"])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    dm = LanceDataModule(uri, "bench", num_splits=NUM_SPLITS, batch_size=batch_size)
     model = NoOp()
     trainer = pl.Trainer(
         accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
     trainer.fit(model, datamodule=dm)
-    return model.rows / (model.last - model.first)
+    return {"steady_rows_per_s": model.rows / (model.last - model.first)}
+
+
+def run_one(config: str, uri: str, batch_size: int) -> None:
+    import lightning.pytorch  # noqa: F401  (a training process has Lightning imported)
+
+    kind, workers = config.rsplit(":", 1)
+    if kind == "fit":
+        result = measure_fit(uri, batch_size)
+    else:
+        result = measure_loader(kind, uri, int(workers), batch_size)
+    print("RESULT " + json.dumps(result))
+
+
+CONFIGS = [
+    f"{kind}:{workers}"
+    for workers in (0, 2)
+    for kind in ("raw-default", "raw-best", "module", "module-resumed")
+] + ["module-clump:0", "fit:0"]
 
 
 def main() -> None:
@@ -127,38 +210,65 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--uri", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one:
+        run_one(args.one, args.uri, args.batch_size)
+        return
+    best: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         uri = str(Path(tmp) / "db")
         make_table(uri, args.rows)
-        best: dict[str, float] = {}
         for round_ in range(args.rounds):
-            for workers in (0, 2):
-                for name, build in (("raw", raw_loader), ("module", module_loader)):
-                    rate, steady, rows = epoch_rate(build(uri, args.batch_size, workers))
-                    key = f"{name} K={workers}"
-                    best[key] = max(best.get(key, 0.0), rate)
-                    best[key + " steady"] = max(best.get(key + " steady", 0.0), steady)
-                    print(
-                        f"round {round_} {key:<11} {rate:>9.0f} rows/s epoch,"
-                        f" {steady:>9.0f} after the first batch ({rows} rows)"
-                    )
-            rate = fit_rate(uri, args.batch_size)
-            best["fit"] = max(best.get("fit", 0.0), rate)
-            print(f"round {round_} fit         {rate:>9.0f} rows/s after the first batch")
-        print("\nbest of", args.rounds, "rounds, rows/s")
-        for workers in (0, 2):
-            for suffix in ("", " steady"):
-                raw, module = best[f"raw K={workers}{suffix}"], best[f"module K={workers}{suffix}"]
-                what = "whole epoch" if not suffix else "after the first batch"
-                print(
-                    f"num_workers={workers} {what:<21}: raw {raw:>7.0f}  LanceDataModule"
-                    f" {module:>7.0f}  ratio {module / raw:.2f}"
-                )
+            for config in CONFIGS:
+                command = [sys.executable, __file__, "--one", config, "--uri", uri]
+                command += ["--batch-size", str(args.batch_size)]
+                output = subprocess.run(command, capture_output=True, text=True, check=True)
+                line = next(x for x in output.stdout.splitlines() if x.startswith("RESULT "))
+                result = json.loads(line.removeprefix("RESULT "))
+                print(f"round {round_} {config:<18} {json.dumps(result)}", flush=True)
+                kept = best.setdefault(config, result)
+                for key, value in result.items():
+                    better = min if key in ("first_batch_s", "peak_rss_mb") else max
+                    kept[key] = better(kept[key], value)
+    report(best)
+
+
+def report(best: dict[str, dict]) -> None:
+    print("\nbest of all rounds")
+    header = f"{'config':<18} {'rows/s':>8} {'after 1st':>9} {'1st batch s':>11} {'RSS MB':>7}"
+    print(header + f" {'blocks/batch':>12}")
+    for config, r in best.items():
+        if "rows_per_s" not in r:
+            continue
         print(
-            f"no-op fit epoch {best['fit']:.0f} vs bare loader loop (after the first batch)"
-            f" {best['module K=0 steady']:.0f}: ratio {best['fit'] / best['module K=0 steady']:.2f}"
+            f"{config:<18} {r['rows_per_s']:>8.0f} {r['steady_rows_per_s']:>9.0f}"
+            f" {r['first_batch_s']:>11.2f} {r['peak_rss_mb']:>7.0f} {r['blocks_per_batch']:>12.1f}"
         )
+    print("\nratios")
+    for workers in (0, 2):
+        module, default = best[f"module:{workers}"], best[f"raw-default:{workers}"]
+        raw_best, resumed = best[f"raw-best:{workers}"], best[f"module-resumed:{workers}"]
+        print(
+            f"num_workers={workers}: module / raw-default rows/s"
+            f" {module['rows_per_s'] / default['rows_per_s']:.2f},"
+            f" RSS {module['peak_rss_mb'] / default['peak_rss_mb']:.2f};"
+            f" module / raw-best rows/s {module['rows_per_s'] / raw_best['rows_per_s']:.2f};"
+            f" first batch resumed / fresh"
+            f" {resumed['first_batch_s'] / module['first_batch_s']:.2f}"
+        )
+    fit, loop = best["fit:0"], best["module:0"]
+    print(
+        f"no-op Trainer.fit / bare loader loop (after the first batch):"
+        f" {fit['steady_rows_per_s'] / loop['steady_rows_per_s']:.2f}"
+    )
+    clump = best["module-clump:0"]
+    print(
+        f"shuffle_clump_size=1024: rows/s {clump['rows_per_s'] / loop['rows_per_s']:.2f}x the"
+        f" default, {clump['blocks_per_batch']:.1f} distinct 1,000-row blocks per batch"
+        f" against {loop['blocks_per_batch']:.1f}"
+    )
 
 
 if __name__ == "__main__":

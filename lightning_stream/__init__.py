@@ -1,11 +1,20 @@
-"""lightning-stream: streaming training data as an exactly resumable part of Lightning."""
+"""lightning-stream: streaming training data as an exactly resumable part of Lightning.
 
-from lightning_stream.callback import StreamStateCallback
-from lightning_stream.checkpoint_io import AtomicCheckpointIO
-from lightning_stream.lance import LanceDataModule
-from lightning_stream.monitor import LoaderMonitor
+Public names are imported on first use, so that DataLoader workers, which import only
+the reading side of the package, start without importing Lightning.
+"""
+
+from importlib import import_module
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+_PUBLIC = {
+    "AtomicCheckpointIO": "lightning_stream.checkpoint_io",
+    "LanceDataModule": "lightning_stream.lance.datamodule",
+    "LoaderMonitor": "lightning_stream.monitor",
+    "StreamStateCallback": "lightning_stream.callback",
+}
 
 __all__ = [
     "AtomicCheckpointIO",
@@ -14,3 +23,15 @@ __all__ = [
     "StreamStateCallback",
     "__version__",
 ]
+
+if TYPE_CHECKING:
+    from lightning_stream.callback import StreamStateCallback
+    from lightning_stream.checkpoint_io import AtomicCheckpointIO
+    from lightning_stream.lance.datamodule import LanceDataModule
+    from lightning_stream.monitor import LoaderMonitor
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        return getattr(import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'lightning_stream' has no attribute {name!r}")

@@ -9,7 +9,7 @@ from typing import Any
 
 from lightning_stream.batching import Batch
 from lightning_stream.datamodule import StreamingDataModule
-from lightning_stream.lance.source import LanceSource, count_rows
+from lightning_stream.lance.source import LanceSource, count_rows, pipeline_options
 from lightning_stream.plan import check_topology
 from lightning_stream.stream import ResumableStream
 
@@ -45,6 +45,9 @@ class LanceDataModule(StreamingDataModule):
             cuts the table into splits in storage order.
         shuffle_seed: base seed of the shuffle, combined with the epoch; default 0. A
             resume must use the same seed.
+        shuffle_clump_size: shuffle blocks of this many rows that stay together (read in
+            storage order) instead of single rows; default ``None`` (rows). Faster reads,
+            less mixed batches: see the README's figures. A resume must use the same value.
         columns: columns to read; default ``None`` reads all.
         filter: SQL predicate selecting the training rows; default ``None`` (all rows).
         transform: callable applied to each collated batch (a dict) in the worker; it
@@ -58,7 +61,13 @@ class LanceDataModule(StreamingDataModule):
             twice; up to ``world_size * max(1, num_workers) - 1`` surplus rows are left out.
         version: table version to train on; default ``None`` pins the latest version at
             setup. A resume always reads the version the checkpoint recorded.
-        read_batch_size: rows per LanceDB read per split; default 64 (lancedb's).
+        read_ahead_rows: rows each reading process (the main process, or each worker)
+            keeps requested from LanceDB ahead of training, shared by its splits; default
+            32768. Sets lancedb's read batch size (up to 1,024 rows) and reads in flight per
+            split. It bounds the requests in flight, not lancedb's queues behind them: with
+            training slower than the reads, lancedb 0.40 keeps reading ahead (README).
+        read_batch_size: rows per LanceDB read per split; default ``None`` derives it from
+            ``read_ahead_rows``.
         multiprocessing_context: start method of the workers, ``"forkserver"`` (default;
             workers start about a quarter faster than with spawn here) or ``"spawn"``.
             ``"fork"`` is refused: lancedb crashes in forked workers.
@@ -80,12 +89,18 @@ class LanceDataModule(StreamingDataModule):
         val_filter: str | None = None,
         val_table: str | None = None,
         version: int | None = None,
-        read_batch_size: int = 64,
+        shuffle_clump_size: int | None = None,
+        read_ahead_rows: int = 32768,
+        read_batch_size: int | None = None,
         multiprocessing_context: str = "forkserver",
     ) -> None:
         super().__init__()
         _check_positive(num_splits=num_splits, batch_size=batch_size)
-        _check_positive(read_batch_size=read_batch_size)
+        _check_positive(read_ahead_rows=read_ahead_rows)
+        if read_batch_size is not None:
+            _check_positive(read_batch_size=read_batch_size)
+        if shuffle_clump_size is not None:
+            _check_positive(shuffle_clump_size=shuffle_clump_size)
         if num_workers < 0:
             raise ValueError(f"num_workers must be 0 or more, got {num_workers}")
         if multiprocessing_context not in ("spawn", "forkserver"):
@@ -108,6 +123,8 @@ class LanceDataModule(StreamingDataModule):
         self.val_filter = val_filter
         self.val_table = val_table
         self.version = version
+        self.shuffle_clump_size = shuffle_clump_size
+        self.read_ahead_rows = read_ahead_rows
         self.read_batch_size = read_batch_size
         self.multiprocessing_context = multiprocessing_context
         self._val: LanceSource | None = None
@@ -116,7 +133,8 @@ class LanceDataModule(StreamingDataModule):
         rank, world_size = self._rank_and_world()
         check_topology(self.num_splits, world_size, self.num_workers)
         if stage == "fit":
-            source = self._source(self.table, self.filter, self.shuffle, self.version)
+            readers = self.num_splits // world_size // max(1, self.num_workers)
+            source = self._source(self.table, self.filter, self.shuffle, self.version, readers)
             self._check_rows(source, "filter", self.filter)
             self.stream = ResumableStream(
                 source,
@@ -130,10 +148,17 @@ class LanceDataModule(StreamingDataModule):
             self._attach_callback()
         if stage in ("fit", "validate") and (self.val_filter or self.val_table):
             name = self.val_table or self.table
-            self._val = self._source(name, self.val_filter, False, None)
+            self._val = self._source(name, self.val_filter, False, None, 1)
             self._check_rows(self._val, "val_filter", self.val_filter, world_size)
 
-    def _source(self, table: str, filter: str | None, shuffle: bool, version: int | None):
+    def _source(
+        self,
+        table: str,
+        filter: str | None,
+        shuffle: bool,
+        version: int | None,
+        splits_per_reader: int,
+    ) -> LanceSource:
         source = LanceSource(
             self.uri,
             table,
@@ -141,10 +166,13 @@ class LanceDataModule(StreamingDataModule):
             num_splits=self.num_splits,
             shuffle=shuffle,
             shuffle_seed=self.shuffle_seed,
+            shuffle_clump_size=self.shuffle_clump_size,
             columns=self.columns,
             filter=filter,
             transform=self.transform,
-            read_batch_size=self.read_batch_size,
+            pipeline=pipeline_options(
+                self.read_ahead_rows, self.read_batch_size, splits_per_reader
+            ),
             multiprocessing_context=self.multiprocessing_context,
         )
         if self.columns is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -11,10 +12,12 @@ import lancedb
 from lancedb.streaming import StreamingDataLoader, StreamingDataset
 
 from lightning_stream.batching import Batch
+from lightning_stream.lance import _lancedb_fixes
 from lightning_stream.lance.columns import ColumnarCollate, record_batch_rows
 from lightning_stream.plan import RankEpochPlan
 
 log = logging.getLogger(__name__)
+_lancedb_fixes.apply()
 
 
 @dataclass(frozen=True)
@@ -59,10 +62,10 @@ def open_table(uri: str, name: str, version: int | None) -> tuple[Any, TableOpen
 class LanceSource:
     """Rows of a LanceDB table, split into ``num_splits`` equal splits.
 
-    A rank's epoch is served by one ``lancedb.streaming.StreamingDataset``. When the
-    rank's splits start from unequal counts (after an elastic resume) the lagging rows
-    are read in this process first, since lancedb's loader starts workers only from
-    equal counts; the rest goes through ``StreamingDataLoader`` and its workers.
+    A rank's epoch is served by one ``lancedb.streaming.StreamingDataset`` through
+    ``StreamingDataLoader``. When the rank's splits start from unequal counts (after an
+    elastic resume) and it has several workers, the lagging rows are read in this process
+    first, since lancedb's loader starts several workers only from equal counts.
     """
 
     def __init__(
@@ -74,10 +77,11 @@ class LanceSource:
         num_splits: int,
         shuffle: bool,
         shuffle_seed: int,
+        shuffle_clump_size: int | None,
         columns: list[str] | None,
         filter: str | None,
         transform: Callable[[Batch], Batch] | None,
-        read_batch_size: int,
+        pipeline: dict[str, int],
         multiprocessing_context: str,
     ) -> None:
         self.uri = uri
@@ -85,9 +89,10 @@ class LanceSource:
         self.num_splits = num_splits
         self.shuffle = shuffle
         self.shuffle_seed = shuffle_seed
+        self.shuffle_clump_size = shuffle_clump_size
         self.columns = columns
         self.filter = filter
-        self.read_batch_size = read_batch_size
+        self.pipeline = pipeline
         self.multiprocessing_context = multiprocessing_context
         self.collate = ColumnarCollate(transform)
         self.current: StreamingDataset | None = None
@@ -112,6 +117,7 @@ class LanceSource:
             "num_splits": self.num_splits,
             "shuffle": self.shuffle,
             "shuffle_seed": self.shuffle_seed,
+            "shuffle_clump_size": self.shuffle_clump_size,
             "filter": self.filter,
             "columns": self.columns,
         }
@@ -128,19 +134,21 @@ class LanceSource:
             self._open(saved)
 
     def dataset(self, epoch: int, rank: int, world_size: int, **options: Any) -> StreamingDataset:
+        shuffle = options.pop("shuffle", self.shuffle)
         return StreamingDataset(
             self.table,
             num_splits=options.pop("num_splits", self.num_splits),
-            shuffle=options.pop("shuffle", self.shuffle),
+            shuffle=shuffle,
             shuffle_seed=self.shuffle_seed,
+            shuffle_clump_size=self.shuffle_clump_size if shuffle else None,
             epoch=epoch,
             rank=rank,
             world_size=world_size,
             columns=self.columns,
             filter=options.pop("filter", self.filter),
             transform=record_batch_rows,
-            read_batch_size=self.read_batch_size,
             connection_factory=self.opener,
+            **self.pipeline,
             **options,
         )
 
@@ -150,7 +158,9 @@ class LanceSource:
             batch_size=batch_size,
             num_workers=num_workers,
             collate_fn=self.collate,
-            multiprocessing_context=self.multiprocessing_context if num_workers else None,
+            multiprocessing_context=worker_context(self.multiprocessing_context)
+            if num_workers
+            else None,
         )
 
     def counters(self) -> dict[str, float]:
@@ -174,7 +184,10 @@ class LanceSource:
                 "samples_consumed_per_split": consumed,
             }
         )
-        lagging = len(plan.catch_up)
+        # lancedb starts more than one worker only from equal counts: catch the lagging
+        # splits up here first. One reader (no workers, or one) catches up by itself, in
+        # the same order.
+        lagging = len(plan.catch_up) if plan.num_workers > 1 else 0
         if lagging:
             rows = iter(dataset)
             try:
@@ -197,6 +210,42 @@ class LanceSource:
                 f" {self.name!r} ({exc}). Nothing after the last checkpoint is lost: resume"
                 " with trainer.fit(..., ckpt_path=<last checkpoint>)"
             ) from exc
+
+
+def pipeline_options(
+    read_ahead_rows: int, read_batch_size: int | None, splits_per_reader: int
+) -> dict[str, int]:
+    """lancedb pipeline settings that keep about ``read_ahead_rows`` rows requested.
+
+    A reader (the main process, or each worker) serves ``splits_per_reader`` splits; each
+    gets an equal share of the read-ahead, read in batches of up to 1,024 rows (lancedb's
+    reads are CPU-bound and cost per call, so larger reads are much cheaper per row), with
+    at most 4 reads in flight per split (lancedb's default). One transform thread: the
+    transform only turns columns into numpy arrays, and on few cores more threads compete
+    with the reads.
+    """
+    per_split = max(1, read_ahead_rows // splits_per_reader)
+    batch = read_batch_size or min(1024, per_split)
+    depth = min(4, max(1, per_split // batch))
+    return {
+        "read_batch_size": batch,
+        "io_queue_depth": depth,
+        "transform_queue_depth": depth,
+        "transform_parallelism": 1,
+    }
+
+
+def worker_context(method: str) -> multiprocessing.context.BaseContext:
+    """The workers' start method; a forkserver imports torch, numpy and pyarrow once.
+
+    Workers forked from that server start without importing them again (about a second
+    each on these machines). lancedb is not preloaded: it would then be forked after
+    import, which lancedb calls experimental; each worker imports it itself.
+    """
+    context = multiprocessing.get_context(method)
+    if method == "forkserver":
+        context.set_forkserver_preload(["__main__", "torch", "numpy", "pyarrow"])
+    return context
 
 
 def count_rows(table: Any, filter: str | None, uri: str, name: str) -> int:
