@@ -9,8 +9,10 @@ split per cycle (the order of ``lancedb.streaming.StreamingDataset``); a DataLoa
 The state of a stream is, per split, how many of its rows ``training_step`` has consumed
 in the current epoch. After an elastic resume a rank's splits can have unequal counts; the
 rank then first serves the lagging splits until its counts are level (lowest count first,
-lower split index on ties, as lancedb does) and only then starts its workers, because
-lancedb's loader cannot start workers from uneven counts.
+lower split index on ties, as lancedb does), because lancedb's loader cannot start several
+workers from uneven counts. A rank with several workers also serves whole round-robin
+cycles in its own process until its first batch is full: the workers start up while
+``training_step`` runs on it, instead of before the first batch.
 
 Every rank must take the same number of steps in an epoch (DDP pairs collectives by
 step), so :class:`RankEpochPlan` shapes each rank's remainder into the same number of
@@ -127,13 +129,24 @@ class RankEpochPlan:
         return tuple(self.consumed[s] for s in self.splits)
 
     @cached_property
-    def catch_up(self) -> list[int]:
-        """Local split index of each row served before the workers start."""
-        return catch_up_order(self.start)
+    def head(self) -> list[int]:
+        """Local split index of each row a rank with several workers serves itself first.
+
+        With at most one worker the reader catches up by itself, in the same order.
+        """
+        catch_up = catch_up_order(self.start)
+        if self.num_workers <= 1:
+            return catch_up
+        splits = len(self.splits)
+        wanted = math.ceil(max(0, self.batch_size - len(catch_up)) / splits)
+        cycles = min(self.split_len - max(self.start, default=0), wanted)
+        return catch_up + list(range(splits)) * cycles
 
     @cached_property
     def level(self) -> int:
-        return max(self.start, default=0)
+        """The equal count of every split once the head rows are served."""
+        catch_up = len(catch_up_order(self.start))
+        return max(self.start, default=0) + (len(self.head) - catch_up) // max(1, len(self.splits))
 
     @cached_property
     def rows(self) -> int:
@@ -165,10 +178,10 @@ class RankEpochPlan:
     def counts_after(self, rows: int) -> list[int]:
         """Per-split consumed counts of this rank's splits after ``rows`` rows of the plan."""
         counts = list(self.start)
-        caught_up = min(rows, len(self.catch_up))
-        for index in self.catch_up[:caught_up]:
+        served = min(rows, len(self.head))
+        for index in self.head[:served]:
             counts[index] += 1
-        rows -= caught_up
+        rows -= served
         if rows <= 0:
             return counts
         workers = max(1, self.num_workers)

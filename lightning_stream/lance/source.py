@@ -63,9 +63,10 @@ class LanceSource:
     """Rows of a LanceDB table, split into ``num_splits`` equal splits.
 
     A rank's epoch is served by one ``lancedb.streaming.StreamingDataset`` through
-    ``StreamingDataLoader``. When the rank's splits start from unequal counts (after an
-    elastic resume) and it has several workers, the lagging rows are read in this process
-    first, since lancedb's loader starts several workers only from equal counts.
+    ``StreamingDataLoader``. With several workers, the plan's head (the lagging rows after
+    an elastic resume, then whole cycles up to the first batch) is read in this process
+    first: lancedb starts several workers only from equal counts, and the workers start
+    up while training runs on the first batch.
     """
 
     def __init__(
@@ -133,9 +134,12 @@ class LanceSource:
             )
             self._open(saved)
 
-    def dataset(self, epoch: int, rank: int, world_size: int, **options: Any) -> StreamingDataset:
+    def dataset(
+        self, epoch: int, rank: int, world_size: int, consumed: list[int] | None = None, **options
+    ) -> StreamingDataset:
+        """The epoch's dataset for ``rank``, from ``consumed`` rows per split if given."""
         shuffle = options.pop("shuffle", self.shuffle)
-        return StreamingDataset(
+        dataset = StreamingDataset(
             self.table,
             num_splits=options.pop("num_splits", self.num_splits),
             shuffle=shuffle,
@@ -148,9 +152,18 @@ class LanceSource:
             filter=options.pop("filter", self.filter),
             transform=record_batch_rows,
             connection_factory=self.opener,
-            **self.pipeline,
-            **options,
+            **{**self.pipeline, **options},
         )
+        if consumed is not None:
+            dataset.load_state_dict(
+                {
+                    "num_splits": self.num_splits,
+                    "shuffle_seed": self.shuffle_seed,
+                    "epoch": epoch,
+                    "samples_consumed_per_split": consumed,
+                }
+            )
+        return dataset
 
     def loader(self, dataset: StreamingDataset, batch_size: int, num_workers: int) -> Any:
         return StreamingDataLoader(
@@ -175,27 +188,24 @@ class LanceSource:
         }
 
     def chunks(self, epoch: int, consumed: list[int], plan: RankEpochPlan) -> Iterator[Batch]:
-        dataset = self.current = self.dataset(epoch, plan.rank, plan.world_size)
-        dataset.load_state_dict(
-            {
-                "num_splits": self.num_splits,
-                "shuffle_seed": self.shuffle_seed,
-                "epoch": epoch,
-                "samples_consumed_per_split": consumed,
-            }
-        )
-        # lancedb starts more than one worker only from equal counts: catch the lagging
-        # splits up here first. One reader (no workers, or one) catches up by itself, in
-        # the same order.
-        lagging = len(plan.catch_up) if plan.num_workers > 1 else 0
-        if lagging:
-            rows = iter(dataset)
+        # With several workers, serve the plan's head here, with small reads: lancedb
+        # starts them only from equal counts, and they start up while training runs on
+        # the first batch.
+        head = len(plan.head) if plan.num_workers > 1 else 0
+        if head:
+            per_split = -(-head // len(plan.splits))
+            small = {"read_batch_size": per_split, "io_queue_depth": 1, "transform_queue_depth": 1}
+            rows = iter(self.dataset(epoch, plan.rank, plan.world_size, consumed, **small))
             try:
-                for start in range(0, lagging, plan.batch_size):
-                    count = min(plan.batch_size, lagging - start)
+                for start in range(0, head, plan.batch_size):
+                    count = min(plan.batch_size, head - start)
                     yield self.collate([next(rows) for _ in range(count)])
             finally:
                 rows.close()
+            consumed = list(consumed)
+            for split, count in zip(plan.splits, plan.counts_after(head), strict=True):
+                consumed[split] = count
+        dataset = self.current = self.dataset(epoch, plan.rank, plan.world_size, consumed)
         try:
             yield from self.loader(dataset, plan.batch_size, plan.num_workers)
         except (RuntimeError, ConnectionError, EOFError) as exc:

@@ -1,0 +1,164 @@
+"""The MP4 sidecar index: the sample table of a video file, cached in Arrow IPC.
+
+One sidecar per video file, in a cache directory keyed by dataset and file identity. It
+is built under a file lock by one process while the others wait (bounded by a timeout),
+written to a temporary file and installed with an atomic rename, so an interrupted or
+failed build leaves the previous valid sidecar in place. Each sidecar records a
+fingerprint of its MP4's content (size, first and last 64 KiB, 16 blocks spread over the
+file); a sidecar whose fingerprint no longer matches (the file was replaced, even by one
+of the same size) is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.ipc as ipc
+from filelock import FileLock, Timeout
+
+from lightning_stream.video.mp4 import VideoTrack, read_video_track
+
+FORMAT = "1"
+EDGE = 64 * 1024
+BLOCK = 4 * 1024
+BLOCKS = 16
+COLUMNS = ("dts", "pts", "duration", "offset", "size", "keyframe")
+
+
+@dataclass(frozen=True)
+class VideoFile:
+    """One MP4 file on any file system ``pyarrow.fs`` opens."""
+
+    filesystem: pafs.FileSystem
+    path: str
+
+    @classmethod
+    def open(cls, uri: str) -> VideoFile:
+        filesystem, path = pafs.FileSystem.from_uri(uri) if "://" in uri else (
+            pafs.LocalFileSystem(), os.path.abspath(uri)
+        )  # fmt: skip
+        return cls(filesystem, path)
+
+    def reader(self) -> tuple[pafs.NativeFile, int]:
+        try:
+            handle = self.filesystem.open_input_file(self.path)
+        except (FileNotFoundError, OSError) as exc:
+            raise FileNotFoundError(f"video file {self.path} cannot be opened: {exc}") from exc
+        return handle, handle.size()
+
+
+def fingerprint(handle: pafs.NativeFile, size: int) -> str:
+    """A digest of the file's size and sampled content: cheap, and changes on replacement."""
+    digest = hashlib.blake2b(str(size).encode(), digest_size=16)
+    spans = [(0, min(EDGE, size)), (max(0, size - EDGE), min(EDGE, size))]
+    spans += [(size * i // (BLOCKS + 1), min(BLOCK, size)) for i in range(1, BLOCKS + 1)]
+    for offset, length in spans:
+        digest.update(handle.read_at(length, offset))
+    return digest.hexdigest()
+
+
+def sidecar_path(cache_dir: Path, dataset: str, video: VideoFile) -> Path:
+    """Where the sidecar of ``video`` in ``dataset`` lives."""
+    dataset_key = hashlib.blake2b(dataset.encode(), digest_size=8).hexdigest()
+    file_key = hashlib.blake2b(video.path.encode(), digest_size=8).hexdigest()
+    return cache_dir / dataset_key / f"{Path(video.path).stem}-{file_key}.arrow"
+
+
+def _to_table(track: VideoTrack, digest: str, source: str) -> pa.Table:
+    metadata = {
+        "format": FORMAT,
+        "source": source,
+        "fingerprint": digest,
+        "codec": track.codec,
+        "extradata": track.extradata.hex(),
+        "timescale": str(track.timescale),
+        "width": str(track.width),
+        "height": str(track.height),
+    }
+    columns = {name: getattr(track, name) for name in COLUMNS}
+    return pa.table(columns).replace_schema_metadata(metadata)
+
+
+def _from_table(table: pa.Table) -> tuple[VideoTrack, str]:
+    meta = {k.decode(): v.decode() for k, v in table.schema.metadata.items()}
+    columns = {name: table.column(name).to_numpy() for name in COLUMNS}
+    track = VideoTrack(
+        codec=meta["codec"],
+        extradata=bytes.fromhex(meta["extradata"]),
+        timescale=int(meta["timescale"]),
+        width=int(meta["width"]),
+        height=int(meta["height"]),
+        **{name: np.asarray(values) for name, values in columns.items()},
+    )
+    return track, meta["fingerprint"]
+
+
+def _load(path: Path, digest: str) -> VideoTrack | None:
+    """The sidecar at ``path`` if it is readable, current and matches ``digest``."""
+    try:
+        with pa.memory_map(str(path)) as source:
+            table = ipc.open_file(source).read_all()
+        if (table.schema.metadata or {}).get(b"format") != FORMAT.encode():
+            return None
+        track, saved = _from_table(table)
+    except (OSError, pa.ArrowInvalid, KeyError, ValueError):
+        return None
+    return track if saved == digest else None
+
+
+def _install(table: pa.Table, path: Path) -> None:
+    descriptor, partial = tempfile.mkstemp(
+        dir=path.parent, prefix=f".{path.name}.", suffix=".partial"
+    )
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            with ipc.new_file(file, table.schema) as writer:
+                writer.write_table(table)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
+
+
+def load_or_build(
+    video: VideoFile, cache_dir: Path, dataset: str, lock_timeout: float = 600.0
+) -> tuple[VideoTrack, bool]:
+    """The sample table of ``video`` and whether this call built its sidecar.
+
+    Raises:
+        Mp4Error: the file is truncated, corrupt or not an indexable MP4 (names the file).
+        TimeoutError: another process held the build lock longer than ``lock_timeout``.
+    """
+    path = sidecar_path(cache_dir, dataset, video)
+    handle, size = video.reader()
+    with handle:
+        digest = fingerprint(handle, size)
+        track = _load(path, digest)
+        if track is not None:
+            return track, False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with FileLock(str(path) + ".lock", timeout=lock_timeout):
+                track = _load(path, digest)  # built by another process while we waited
+                if track is not None:
+                    return track, False
+                track = read_video_track(
+                    lambda offset, length: handle.read_at(length, offset), size, video.path
+                )
+                _install(_to_table(track, digest, video.path), path)
+                return track, True
+        except Timeout as exc:
+            raise TimeoutError(
+                f"waited {lock_timeout:.0f} s for another process building the sidecar of"
+                f" {video.path} (lock {path}.lock); raise the lock timeout if building it takes"
+                " longer"
+            ) from exc

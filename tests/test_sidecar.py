@@ -1,0 +1,101 @@
+"""Sidecar indexes: one build under contention, atomic install, rebuilt on replacement."""
+
+import multiprocessing
+import os
+import signal
+import struct
+import time
+
+import numpy as np
+import pytest
+
+from lightning_stream.video import sidecar
+from lightning_stream.video.mp4 import Mp4Error
+from lightning_stream.video.sidecar import VideoFile, load_or_build, sidecar_path
+
+from .video_files import write_video
+
+
+def slow_build(path, cache, start_at):
+    """Child process: wait for the common start, then build with a slowed-down parser."""
+    parse = sidecar.read_video_track
+
+    def slowly(*args):
+        time.sleep(0.5)
+        return parse(*args)
+
+    sidecar.read_video_track = slowly
+    time.sleep(max(0.0, start_at - time.time()))
+    track, built = load_or_build(VideoFile.open(str(path)), cache, "dataset")
+    return built, track.pts.tolist()
+
+
+def killed_build(path, cache):
+    """Child process: SIGKILL itself just before installing the sidecar it wrote."""
+    os.replace = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+    load_or_build(VideoFile.open(str(path)), cache, "dataset")
+
+
+def run_in_children(target, *argument_lists):
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(len(argument_lists)) as pool:
+        return pool.starmap(target, argument_lists)
+
+
+@pytest.fixture
+def mp4(tmp_path):
+    return write_video(tmp_path / "videos" / "cam" / "file-000.mp4", "h264", range(60))
+
+
+def test_four_concurrent_processes_build_once_and_agree(mp4, tmp_path):
+    cache = tmp_path / "cache"
+    start_at = time.time() + 3.0
+    results = run_in_children(slow_build, *[(mp4, cache, start_at)] * 4)
+    assert sorted(built for built, _ in results) == [False, False, False, True]
+    assert len({tuple(pts) for _, pts in results}) == 1
+    track, built = load_or_build(VideoFile.open(str(mp4)), cache, "dataset")
+    assert not built and track.pts.tolist() == results[0][1]
+
+
+def test_a_build_killed_midway_leaves_the_previous_sidecar(mp4, tmp_path):
+    cache = tmp_path / "cache"
+    video = VideoFile.open(str(mp4))
+    first, built = load_or_build(video, cache, "dataset")
+    assert built
+    installed = sidecar_path(cache, "dataset", video)
+    before = installed.read_bytes()
+    write_video(mp4, "h264", range(100, 160))  # replaced: the next open must rebuild
+    context = multiprocessing.get_context("spawn")
+    child = context.Process(target=killed_build, args=(mp4, cache))
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL
+    assert installed.read_bytes() == before, "the previous sidecar is untouched"
+    rebuilt, built = load_or_build(video, cache, "dataset")
+    assert built and rebuilt.size.tolist() != first.size.tolist()
+
+
+def test_a_replaced_mp4_of_the_same_size_is_reindexed(mp4, tmp_path):
+    cache = tmp_path / "cache"
+    video = VideoFile.open(str(mp4))
+    original, _ = load_or_build(video, cache, "dataset")
+    size = mp4.stat().st_size
+    replacement = write_video(tmp_path / "other.mp4", "h264", range(1000, 1060))
+    data = replacement.read_bytes()
+    assert len(data) + 8 <= size, "the replacement is smaller, then padded to the same size"
+    padding = size - len(data)
+    data += struct.pack(">I4s", padding, b"free") + bytes(padding - 8)  # a valid 'free' box
+    mp4.write_bytes(data)
+    assert mp4.stat().st_size == size
+    track, built = load_or_build(video, cache, "dataset")
+    assert built and not np.array_equal(track.size, original.size)
+
+
+def test_truncated_or_corrupt_mp4_names_the_file(mp4, tmp_path):
+    data = mp4.read_bytes()
+    mp4.write_bytes(data[: len(data) // 2])
+    with pytest.raises(Mp4Error, match=f"{mp4}: .*truncated"):
+        load_or_build(VideoFile.open(str(mp4)), tmp_path / "cache", "dataset")
+    missing = tmp_path / "missing.mp4"
+    with pytest.raises(FileNotFoundError, match=f"video file {missing} cannot be opened"):
+        load_or_build(VideoFile.open(str(missing)), tmp_path / "cache", "dataset")
