@@ -22,13 +22,19 @@ from lightning.pytorch.loggers import CSVLogger
 
 from lightning_stream import AtomicCheckpointIO, LanceDataModule, LoaderMonitor, StreamStateCallback
 
+# (sample id, input feature, its width) of the two kinds of data module
+INPUTS = {"lance": ("id", "vec", 16), "video": ("index", "observation.state", 3)}
+
 
 class LedgerModel(pl.LightningModule):
     """A one-layer model that writes the ids of each training batch to a per-rank file."""
 
-    def __init__(self, ledger_dir: str, use_estimated_steps: bool = False) -> None:
+    def __init__(
+        self, ledger_dir: str, use_estimated_steps: bool = False, data: str = "lance"
+    ) -> None:
         super().__init__()
-        self.layer = torch.nn.Linear(16, 1)
+        self.id_key, self.feature, width = INPUTS[data]
+        self.layer = torch.nn.Linear(width, 1)
         self.ledger_dir = Path(ledger_dir)
         self.use_estimated_steps = use_estimated_steps
         self._ledger = None
@@ -44,11 +50,12 @@ class LedgerModel(pl.LightningModule):
             "epoch": self.current_epoch,
             "stream_epoch": stream.state.epoch,
             "step": self.global_step,
-            "ids": batch["id"].tolist(),
+            "ids": batch[self.id_key].tolist(),
         }
         self._ledger.write(json.dumps(entry) + "\n")
-        prediction = self.layer(batch["vec"]).squeeze(-1)
-        return torch.nn.functional.mse_loss(prediction, batch["label"].float())
+        inputs = batch[self.feature].float()
+        prediction = self.layer(inputs).squeeze(-1)
+        return torch.nn.functional.mse_loss(prediction, inputs.sum(-1))
 
     def configure_optimizers(self):
         optimizer = torch.optim.SGD(self.parameters(), lr=0.01)
@@ -111,6 +118,8 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--explicit-callback", action="store_true")
     parser.add_argument("--save-every", type=int, help="ModelCheckpoint every n steps + last")
     parser.add_argument("--monitor", action="store_true", help="LoaderMonitor + CSV logger")
+    parser.add_argument("--video", action="store_true", help="--uri is a LeRobot v3 dataset")
+    parser.add_argument("--sidecar-dir")
     return parser
 
 
@@ -118,8 +127,20 @@ def main() -> None:
     run(arguments().parse_args())
 
 
-def run(args: argparse.Namespace, extra_callbacks: tuple[Callback, ...] = ()) -> pl.Trainer:
-    datamodule = LanceDataModule(
+def datamodule(args: argparse.Namespace) -> pl.LightningDataModule:
+    if args.video:
+        from lightning_stream.video.datamodule import VideoEpisodeDataModule
+
+        return VideoEpisodeDataModule(
+            args.uri,
+            delta_timestamps={"observation.images.front": [-2 / 30, 0.0]},
+            num_splits=args.num_splits,
+            batch_size=args.batch_size,
+            num_workers=args.workers,
+            shuffle_seed=args.shuffle_seed,
+            sidecar_dir=args.sidecar_dir,
+        )
+    return LanceDataModule(
         args.uri,
         args.table,
         num_splits=args.num_splits,
@@ -127,6 +148,9 @@ def run(args: argparse.Namespace, extra_callbacks: tuple[Callback, ...] = ()) ->
         num_workers=args.workers,
         shuffle_seed=args.shuffle_seed,
     )
+
+
+def run(args: argparse.Namespace, extra_callbacks: tuple[Callback, ...] = ()) -> pl.Trainer:
     callbacks = [SaveAtSteps(args.ckpt_dir, args.save_at), *extra_callbacks]
     if args.explicit_callback:
         callbacks.insert(0, StreamStateCallback())
@@ -159,8 +183,8 @@ def run(args: argparse.Namespace, extra_callbacks: tuple[Callback, ...] = ()) ->
         limit_train_batches=args.limit_train_batches,
         reload_dataloaders_every_n_epochs=1 if args.reload_every_epoch else 0,
     )
-    model = LedgerModel(args.ledger_dir, args.estimated_steps)
-    trainer.fit(model, datamodule=datamodule, ckpt_path=args.ckpt_path)
+    model = LedgerModel(args.ledger_dir, args.estimated_steps, "video" if args.video else "lance")
+    trainer.fit(model, datamodule=datamodule(args), ckpt_path=args.ckpt_path)
     return trainer
 
 

@@ -12,8 +12,7 @@ import pytest
 from lightning_stream.video import sidecar
 from lightning_stream.video.mp4 import Mp4Error
 from lightning_stream.video.sidecar import VideoFile, load_or_build, sidecar_path
-
-from .video_files import write_video
+from lightning_stream.video.synthetic import write_video
 
 
 def slow_build(path, cache, start_at):

@@ -6,8 +6,7 @@ import pytest
 
 from lightning_stream.video.decode import FrameLookupError, decode, frames_at
 from lightning_stream.video.mp4 import Mp4Error, _presentation_shift, read_video_track
-
-from .video_files import frame_index, write_video
+from lightning_stream.video.synthetic import frame_index, write_video
 
 EPISODES = [20, 35, 40]  # frames of three episodes concatenated in one file
 FRAMES = sum(EPISODES)

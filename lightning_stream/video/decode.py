@@ -17,7 +17,6 @@ import numpy as np
 
 from lightning_stream.video.mp4 import ReadAt, VideoTrack
 
-
 # FFmpeg's native "av1" decoder needs a hardware accelerator; libdav1d decodes on the CPU.
 DECODERS = {"av1": ("libdav1d", "libaom-av1", "av1")}
 

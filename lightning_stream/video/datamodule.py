@@ -1,0 +1,150 @@
+"""VideoEpisodeDataModule: temporal windows of LeRobot v3 episodes, exactly resumable."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from lightning_stream.datamodule import StreamingDataModule
+from lightning_stream.plan import check_topology
+from lightning_stream.stream import ResumableStream
+from lightning_stream.video.source import VideoSource, VideoSpec
+
+log = logging.getLogger(__name__)
+
+
+def default_sidecar_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))
+    return Path(base) / "lightning-stream" / "sidecars"
+
+
+class VideoEpisodeDataModule(StreamingDataModule):
+    """Windows of robot episodes (LeRobot dataset v3) with exact elastic resume.
+
+    A sample follows LeRobot's convention: every camera key gives a uint8 tensor
+    ``[T, C, H, W]`` (``T = len(delta_timestamps[key])``; ``[C, H, W]`` without deltas),
+    every per-frame Parquet feature its window (or its value at the anchor), ``<key>_is_pad``
+    bool masks for keys with deltas (frames outside the episode are clamped to its edge and
+    flagged), and ``episode_index``, ``frame_index``, ``index``, ``timestamp``,
+    ``task_index``, ``task``. Frames are decoded from byte ranges of the MP4s, located
+    through a sidecar index of each file, and checked against their presentation time.
+
+    Each epoch every selected frame is an anchor exactly once (up to ``num_splits - 1``
+    frames are left out so the splits are equal); resume follows the same contract as
+    :class:`~lightning_stream.LanceDataModule` through
+    :class:`~lightning_stream.StreamStateCallback`.
+
+    Args:
+        root: dataset root: a directory or any URI ``pyarrow.fs`` opens.
+        delta_timestamps: per key (camera or Parquet feature), offsets in seconds of the
+            window's frames around the anchor, e.g. ``{"observation.images.front":
+            [-0.1, 0.0]}``.
+        num_splits: fixed splits of each epoch, balanced by frame count; keep it for the
+            run. Must be divisible by ``world_size * max(1, num_workers)``.
+        batch_size: samples per batch per process.
+        num_workers: DataLoader workers per rank; default 0.
+        shuffle_seed: seed of the episode order and each split's anchor order; default 0.
+        episodes: episode indices to train on; default ``None`` (all).
+        episode_pool_size: pieces of episodes resident per split (decoded once, reused by
+            all their windows); default 2. Memory is about ``splits per reader x pool x
+            decoded piece``.
+        byte_budget_gb: compressed payload bytes a reader may hold; an episode whose video
+            payload alone is larger fails at setup. Default 1.0.
+        image_transforms: callable on each camera's uint8 tensor, in the worker; must be
+            picklable when ``num_workers > 0``. Default ``None``.
+        sidecar_dir: cache of the MP4 sidecar indexes; default
+            ``~/.cache/lightning-stream/sidecars``.
+        sidecar_lock_timeout: seconds to wait for another process building a sidecar;
+            default 600.
+        multiprocessing_context: ``"forkserver"`` (default) or ``"spawn"``.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        delta_timestamps: dict[str, list[float]],
+        num_splits: int,
+        batch_size: int,
+        num_workers: int = 0,
+        shuffle_seed: int = 0,
+        episodes: list[int] | None = None,
+        episode_pool_size: int = 2,
+        byte_budget_gb: float = 1.0,
+        image_transforms: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        sidecar_dir: str | None = None,
+        sidecar_lock_timeout: float = 600.0,
+        multiprocessing_context: str = "forkserver",
+    ) -> None:
+        super().__init__()
+        for name, value in (("num_splits", num_splits), ("batch_size", batch_size),
+                            ("episode_pool_size", episode_pool_size)):  # fmt: skip
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if multiprocessing_context not in ("spawn", "forkserver"):
+            raise ValueError(
+                f"multiprocessing_context={multiprocessing_context!r}: use 'spawn' or 'forkserver'"
+            )
+        self.root = root if "://" in root else os.path.abspath(root)
+        self.spec = VideoSpec(
+            root=self.root,
+            episodes=tuple(episodes) if episodes else None,
+            delta_timestamps={k: tuple(float(d) for d in v) for k, v in delta_timestamps.items()},
+            num_splits=num_splits,
+            shuffle_seed=shuffle_seed,
+            pool_size=episode_pool_size,
+            sidecar_dir=str(sidecar_dir or default_sidecar_dir()),
+            lock_timeout=sidecar_lock_timeout,
+            image_transforms=image_transforms,
+        )
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.byte_budget = int(byte_budget_gb * 2**30)
+        self.multiprocessing_context = multiprocessing_context
+
+    def setup(self, stage: str) -> None:
+        if stage != "fit":
+            return
+        rank, world_size = self._rank_and_world()
+        check_topology(self.spec.num_splits, world_size, self.num_workers)
+        source = VideoSource(self.spec, self.multiprocessing_context)
+        self._check_keys(source)
+        self._check_budget(source)
+        log.info(
+            "%s: %d frames in %d splits of %d; %d frames per epoch left out",
+            self.root, source.split_len * self.spec.num_splits + source.dropped,
+            self.spec.num_splits, source.split_len, source.dropped,
+        )  # fmt: skip
+        self.stream = ResumableStream(
+            source,
+            batch_size=self.batch_size,
+            num_workers=self.num_workers,
+            rank=rank,
+            world_size=world_size,
+            owner=type(self).__name__,
+        )
+        self._attach_callback()
+
+    def _check_keys(self, source: VideoSource) -> None:
+        known = set(source.reader.dataset.features)
+        unknown = sorted(set(self.spec.delta_timestamps) - known)
+        if unknown:
+            raise ValueError(
+                f"delta_timestamps has keys {unknown} that are not features of {self.root!r}"
+                f" (its features: {sorted(known)})"
+            )
+
+    def _check_budget(self, source: VideoSource) -> None:
+        reader = source.reader
+        for episode in reader.dataset.episodes:
+            payload = sum(reader.payload_bytes(episode, camera) for camera in episode.videos)
+            if payload > self.byte_budget:
+                raise ValueError(
+                    f"episode {episode.index} of {self.root!r} has {payload / 2**30:.2f} GiB of"
+                    f" video payload, more than byte_budget_gb={self.byte_budget / 2**30:.2f}:"
+                    " raise byte_budget_gb"
+                )

@@ -1,0 +1,123 @@
+"""The LeRobot dataset v3 layout: metadata, per-frame Parquet, episode-concatenated MP4s.
+
+``meta/info.json`` (fps, features, path templates), ``meta/episodes/chunk-*/file-*.parquet``
+(one row per episode: length, data and video file of each camera, its from/to timestamps
+in that file), ``meta/tasks.parquet``, ``data/chunk-*/file-*.parquet`` (one row per frame)
+and ``videos/<camera>/chunk-*/file-*.mp4`` (several episodes one after the other; a
+frame's time in the file is ``from_timestamp + timestamp``). Read through ``pyarrow.fs``,
+so the root may be a local directory or any URI it opens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+ID_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
+
+
+def filesystem(root: str) -> tuple[pafs.FileSystem, str]:
+    if "://" in root:
+        return pafs.FileSystem.from_uri(root)
+    return pafs.LocalFileSystem(), os.path.abspath(root)
+
+
+@dataclass(frozen=True)
+class Episode:
+    index: int
+    length: int
+    data_file: str
+    videos: dict[str, tuple[str, float]]  # camera -> (video file, from_timestamp)
+
+
+@dataclass
+class LeRobotDataset:
+    root: str
+    fs: pafs.FileSystem
+    base: str
+    fps: float
+    cameras: list[str]
+    features: dict[str, Any]
+    episodes: list[Episode]
+    tasks: dict[int, str]
+
+    def path(self, relative: str) -> str:
+        return f"{self.base}/{relative}"
+
+    def read_bytes(self, relative: str) -> bytes:
+        with self.fs.open_input_file(self.path(relative)) as handle:
+            return handle.read()
+
+    def frames(self, columns: list[str]) -> pa.Table:
+        """Per-frame Parquet rows of the selected episodes (``columns`` plus ids)."""
+        wanted = list(dict.fromkeys([*ID_COLUMNS, *columns]))
+        files = sorted({e.data_file for e in self.episodes})
+        tables = [pq.read_table(self.path(f), columns=wanted, filesystem=self.fs) for f in files]
+        table = pa.concat_tables(tables)
+        keep = pc.is_in(table["episode_index"], pa.array([e.index for e in self.episodes]))
+        return table.filter(keep)
+
+
+def open_dataset(root: str, episodes: list[int] | None = None) -> LeRobotDataset:
+    """Read the metadata of a LeRobot v3 dataset; errors name the file at fault."""
+    fs, base = filesystem(root)
+    info_path = f"{base}/meta/info.json"
+    try:
+        with fs.open_input_file(info_path) as handle:
+            info = json.loads(handle.read())
+    except (FileNotFoundError, OSError) as exc:
+        raise FileNotFoundError(
+            f"{info_path} not found: root={root!r} is not a LeRobot v3 dataset"
+        ) from exc
+    features = info["features"]
+    cameras = [k for k, v in features.items() if v.get("dtype") == "video"]
+    selector = pafs.FileSelector(f"{base}/meta/episodes", recursive=True)
+    episode_files = sorted(
+        f.path for f in fs.get_file_info(selector) if f.path.endswith(".parquet")
+    )
+    if not episode_files:
+        raise FileNotFoundError(f"no episode metadata under {base}/meta/episodes")
+    table = pa.concat_tables(pq.read_table(f, filesystem=fs) for f in episode_files)
+    data_template, video_template = info["data_path"], info["video_path"]
+    rows = table.to_pylist()
+    known = {row["episode_index"] for row in rows}
+    if episodes is not None:
+        unknown = sorted(set(episodes) - known)
+        if unknown:
+            raise ValueError(
+                f"episodes={unknown} are not in {root!r} (it has {len(known)} episodes)"
+            )
+        rows = [row for row in rows if row["episode_index"] in set(episodes)]
+    selected = []
+    for row in sorted(rows, key=lambda r: r["episode_index"]):
+        data_file = data_template.format(
+            chunk_index=row["data/chunk_index"], file_index=row["data/file_index"]
+        )
+        videos = {
+            camera: (
+                video_template.format(
+                    video_key=camera,
+                    chunk_index=row[f"videos/{camera}/chunk_index"],
+                    file_index=row[f"videos/{camera}/file_index"],
+                ),
+                float(row[f"videos/{camera}/from_timestamp"]),
+            )
+            for camera in cameras
+        }
+        selected.append(Episode(row["episode_index"], row["length"], data_file, videos))
+    tasks: dict[int, str] = {}
+    tasks_path = f"{base}/meta/tasks.parquet"
+    if fs.get_file_info(tasks_path).type == pafs.FileType.File:
+        for task in pq.read_table(tasks_path, filesystem=fs).to_pylist():
+            tasks[int(task["task_index"])] = str(task["task"])
+    return LeRobotDataset(
+        root=root, fs=fs, base=base, fps=float(info["fps"]), cameras=cameras,
+        features=features, episodes=selected, tasks=tasks,
+    )  # fmt: skip

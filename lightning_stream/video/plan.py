@@ -1,0 +1,96 @@
+"""Which frame is the anchor of which sample, per split and epoch: pure arithmetic.
+
+Each epoch the episodes are put in a seeded order and their frames, laid end to end, are
+cut into ``num_splits`` contiguous runs of exactly ``total // num_splits`` frames, so the
+splits are balanced by frame count whatever the world size or worker count; the last
+``total % num_splits`` frames of that order are left out of the epoch. A split's run is
+made of pieces (contiguous frames of one episode). Its anchor order is a pure function of
+``(seed, epoch, split)``: a pool of ``pool_size`` resident pieces, each step taking the
+next anchor of a random resident piece (anchors within a piece in a seeded random order),
+a finished piece replaced by the split's next one. So the frames of few pieces are
+needed at a time, and each piece is fetched and decoded once per epoch.
+
+Windows: a ``delta`` in seconds becomes ``round(delta * fps)`` frames; a frame outside
+its episode is clamped to the episode's edge and flagged as padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Frames ``[start, stop)`` of one episode."""
+
+    episode: int
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+def _rng(seed: int, epoch: int, split: int = -1) -> np.random.Generator:
+    return np.random.default_rng([seed, epoch, split + 1])
+
+
+def cut_splits(
+    lengths: Sequence[int], num_splits: int, seed: int, epoch: int
+) -> tuple[list[list[Piece]], int]:
+    """The pieces of every split for ``epoch``, and the frames per split."""
+    total = int(sum(lengths))
+    split_len = total // num_splits
+    if split_len == 0:
+        raise ValueError(
+            f"{total} frames cannot fill num_splits={num_splits} splits; lower num_splits"
+        )
+    order = _rng(seed, epoch).permutation(len(lengths))
+    splits: list[list[Piece]] = [[] for _ in range(num_splits)]
+    split, room = 0, split_len
+    for episode in order.tolist():
+        start = 0
+        while start < lengths[episode] and split < num_splits:
+            take = min(room, lengths[episode] - start)
+            splits[split].append(Piece(episode, start, start + take))
+            start += take
+            room -= take
+            if room == 0:
+                split, room = split + 1, split_len
+    return splits, split_len
+
+
+def anchor_order(pieces: Sequence[Piece], pool_size: int, seed: int, epoch: int, split: int):
+    """(piece index, frame) of every anchor of a split, in the order they are served."""
+    rng = _rng(seed, epoch, split)
+    upcoming = list(rng.permutation(len(pieces)))
+    pool: list[tuple[int, list[int]]] = []
+    served_piece, served_frame = [], []
+    while upcoming or pool:
+        while upcoming and len(pool) < pool_size:
+            index = int(upcoming.pop(0))
+            piece = pieces[index]
+            frames = (piece.start + rng.permutation(len(piece))).tolist()
+            pool.append((index, frames))
+        slot = int(rng.integers(len(pool)))
+        index, frames = pool[slot]
+        served_piece.append(index)
+        served_frame.append(frames.pop())
+        if not frames:
+            pool.pop(slot)
+    return np.asarray(served_piece, dtype=np.int64), np.asarray(served_frame, dtype=np.int64)
+
+
+def window(frame: int, length: int, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Frames of a window around ``frame`` in an episode of ``length``, and padding flags."""
+    wanted = frame + offsets
+    clamped = np.clip(wanted, 0, length - 1)
+    return clamped, clamped != wanted
+
+
+def frame_offsets(deltas: Sequence[float], fps: float) -> np.ndarray:
+    """Frame offsets of ``delta_timestamps`` (seconds)."""
+    return np.asarray([round(d * fps) for d in deltas], dtype=np.int64)

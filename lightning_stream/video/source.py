@@ -1,0 +1,313 @@
+"""A LeRobot v3 dataset as a stream source: windows of episodes decoded from byte ranges."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
+
+from lightning_stream.batching import Batch
+from lightning_stream.plan import RankEpochPlan
+from lightning_stream.video.decode import decode, decode_range, frames_at
+from lightning_stream.video.lerobot import Episode, open_dataset
+from lightning_stream.video.mp4 import VideoTrack
+from lightning_stream.video.plan import anchor_order, cut_splits, frame_offsets, window
+from lightning_stream.video.sidecar import VideoFile, fingerprint, load_or_build
+
+
+@dataclass(frozen=True)
+class VideoSpec:
+    """Everything a reader process needs to build samples; picklable."""
+
+    root: str
+    episodes: tuple[int, ...] | None
+    delta_timestamps: dict[str, tuple[float, ...]]
+    num_splits: int
+    shuffle_seed: int
+    pool_size: int
+    sidecar_dir: str
+    lock_timeout: float
+    image_transforms: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+@dataclass
+class _Resident:
+    frames: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
+    last: int = 0
+
+
+class EpisodeReader:
+    """Builds the samples of one reading process (the main process or a worker).
+
+    A split's resident pieces are decoded whole, once, when their first anchor is served
+    (one byte-range read per camera), and dropped after their last anchor.
+    """
+
+    def __init__(self, spec: VideoSpec) -> None:
+        self.spec = spec
+        self.dataset = open_dataset(spec.root, list(spec.episodes) if spec.episodes else None)
+        self.fps = self.dataset.fps
+        columns = [k for k, v in self.dataset.features.items() if v.get("dtype") != "video"]
+        self.columns = [
+            c
+            for c in columns
+            if c not in ("index", "episode_index", "frame_index", "timestamp", "task_index")
+        ]
+        table = self.dataset.frames(self.columns).sort_by("index")
+        self.table = {
+            name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names
+        }
+        for name in self.columns:
+            values = self.table[name]
+            if values.dtype == object:
+                self.table[name] = np.stack(values).astype(np.float32)
+        self.lengths = [e.length for e in self.dataset.episodes]
+        self.row_start = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
+        self.offsets = {
+            key: frame_offsets(deltas, self.fps) for key, deltas in spec.delta_timestamps.items()
+        }
+        self.tracks: dict[str, VideoTrack] = {}
+        self.files: dict[str, Any] = {}
+        self.epoch_plans: dict[int, tuple] = {}
+        self.resident: dict[tuple[int, int], _Resident] = {}
+        self.bytes_loaded = 0
+        self.frames_decoded = 0
+
+    # -- planning ------------------------------------------------------------------
+    def split_orders(
+        self, epoch: int, split: int
+    ) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
+        if epoch not in self.epoch_plans:
+            self.epoch_plans = {
+                epoch: (
+                    cut_splits(self.lengths, self.spec.num_splits, self.spec.shuffle_seed, epoch)[
+                        0
+                    ],
+                    {},
+                )
+            }
+        pieces, orders = self.epoch_plans[epoch]
+        if split not in orders:
+            piece, frame = anchor_order(
+                pieces[split], self.spec.pool_size, self.spec.shuffle_seed, epoch, split
+            )
+            last = np.zeros(len(pieces[split]), dtype=np.int64)
+            last[piece] = np.arange(len(piece))  # later positions overwrite: the last one
+            orders[split] = (piece, frame, last)
+        piece, frame, last = orders[split]
+        return pieces[split], piece, frame, last
+
+    # -- decoding ------------------------------------------------------------------
+    def _track(self, relative: str) -> tuple[VideoTrack, Any]:
+        if relative not in self.tracks:
+            video = VideoFile(self.dataset.fs, self.dataset.path(relative))
+            track, _ = load_or_build(
+                video, Path(self.spec.sidecar_dir), self.spec.root, self.spec.lock_timeout
+            )
+            self.tracks[relative] = track
+            self.files[relative] = self.dataset.fs.open_input_file(video.path)
+        return self.tracks[relative], self.files[relative]
+
+    def payload_bytes(self, episode: Episode, camera: str) -> int:
+        """Compressed bytes of one camera's frames of ``episode``."""
+        relative, from_timestamp = episode.videos[camera]
+        track, _ = self._track(relative)
+        seconds = from_timestamp + np.arange(episode.length) / self.fps
+        wanted = frames_at(track, seconds, self.dataset.path(relative), 0.5 / self.fps)
+        return int(track.size[wanted].sum())
+
+    def _decode_piece(
+        self, episode_slot: int, start: int, stop: int
+    ) -> dict[tuple[str, int], torch.Tensor]:
+        episode = self.dataset.episodes[episode_slot]
+        frames: dict[tuple[str, int], torch.Tensor] = {}
+        for camera in self.dataset.cameras:
+            offsets = self.offsets.get(camera, np.zeros(1, dtype=np.int64))
+            first = max(0, start + int(offsets.min()))
+            last = min(episode.length - 1, stop - 1 + int(offsets.max()))
+            needed = np.arange(first, last + 1)
+            relative, from_timestamp = episode.videos[camera]
+            track, handle = self._track(relative)
+            name = self.dataset.path(relative)
+            wanted = frames_at(track, from_timestamp + needed / self.fps, name, 0.5 / self.fps)
+
+            def read_at(offset: int, size: int, handle=handle) -> bytes:
+                self.bytes_loaded += size
+                return handle.read_at(size, offset)
+
+            for f, image in zip(needed.tolist(), decode(read_at, track, wanted, name), strict=True):
+                frames[camera, f] = torch.from_numpy(image).permute(2, 0, 1).contiguous()
+            first_packet, last_packet = decode_range(track, wanted)
+            self.frames_decoded += last_packet - first_packet + 1
+        return frames
+
+    # -- samples -------------------------------------------------------------------
+    def sample(self, epoch: int, split: int, position: int) -> dict[str, Any]:
+        pieces, piece_of, frame_of, last = self.split_orders(epoch, split)
+        slot = int(piece_of[position])
+        key = (split, slot)
+        piece = pieces[slot]
+        if key not in self.resident:
+            self.resident[key] = _Resident(
+                self._decode_piece(piece.episode, piece.start, piece.stop), int(last[slot])
+            )
+        resident = self.resident[key]
+        frame = int(frame_of[position])
+        sample = self._assemble(piece.episode, frame, resident.frames)
+        if position >= resident.last:
+            del self.resident[key]
+        return sample
+
+    def _assemble(self, episode_slot: int, frame: int, frames: dict) -> dict[str, Any]:
+        episode = self.dataset.episodes[episode_slot]
+        row = int(self.row_start[episode_slot]) + frame
+        sample: dict[str, Any] = {}
+        for camera in self.dataset.cameras:
+            if camera in self.offsets:
+                clamped, pad = window(frame, episode.length, self.offsets[camera])
+                images = torch.stack([frames[camera, int(f)] for f in clamped])
+                sample[f"{camera}_is_pad"] = torch.from_numpy(pad)
+            else:
+                images = frames[camera, frame]
+            if self.spec.image_transforms is not None:
+                images = self.spec.image_transforms(images)
+            sample[camera] = images
+        for column in self.columns:
+            values = self.table[column]
+            if column in self.offsets:
+                clamped, pad = window(frame, episode.length, self.offsets[column])
+                sample[column] = torch.from_numpy(
+                    values[int(self.row_start[episode_slot]) + clamped]
+                )
+                sample[f"{column}_is_pad"] = torch.from_numpy(pad)
+            else:
+                sample[column] = torch.from_numpy(np.asarray(values[row]))
+        sample["episode_index"] = torch.tensor(episode.index)
+        sample["frame_index"] = torch.tensor(frame)
+        sample["index"] = torch.tensor(int(self.table["index"][row]))
+        sample["timestamp"] = torch.tensor(float(self.table["timestamp"][row]))
+        task_index = int(self.table["task_index"][row])
+        sample["task_index"] = torch.tensor(task_index)
+        sample["task"] = self.dataset.tasks.get(task_index, "")
+        return sample
+
+    def counters(self) -> dict[str, float]:
+        resident = sum(t.numel() for r in self.resident.values() for t in r.frames.values())
+        return {
+            "bytes_loaded": self.bytes_loaded,
+            "frames_decoded": self.frames_decoded,
+            "resident_bytes": resident,
+        }
+
+
+def reader_positions(plan: RankEpochPlan, splits: range, head: bool) -> Iterator[tuple[int, int]]:
+    """(split, position) of every row one reader serves, in the plan's order."""
+    counts = dict(zip(plan.splits, plan.start, strict=True))
+    if head:
+        for local in plan.head:
+            split = plan.splits[local]
+            yield split, counts[split]
+            counts[split] += 1
+        level = plan.level
+    else:
+        level = plan.level
+    for position in range(level, plan.split_len):
+        for split in splits:
+            yield split, position
+
+
+class _ReaderStream(IterableDataset):
+    """The rows of this rank after its head, split over the DataLoader's workers."""
+
+    def __init__(self, spec: VideoSpec, epoch: int, plan: RankEpochPlan, head_done: bool) -> None:
+        super().__init__()
+        self.spec, self.epoch, self.plan, self.head_done = spec, epoch, plan, head_done
+        self.reader: EpisodeReader | None = None
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        splits = self.plan.splits
+        if info is not None:
+            per_worker = len(splits) // info.num_workers
+            splits = splits[info.id * per_worker : (info.id + 1) * per_worker]
+        reader = self.reader or EpisodeReader(self.spec)
+        for split, position in reader_positions(self.plan, splits, head=not self.head_done):
+            yield reader.sample(self.epoch, split, position)
+
+
+class VideoSource:
+    """Episodes of a LeRobot v3 dataset, as ``num_splits`` equal splits of anchors."""
+
+    def __init__(self, spec: VideoSpec, multiprocessing_context: str) -> None:
+        self.spec = spec
+        self.multiprocessing_context = multiprocessing_context
+        self.reader = EpisodeReader(spec)
+        self.num_splits = spec.num_splits
+        total = sum(self.reader.lengths)
+        self.split_len = total // spec.num_splits
+        self.dropped = total % spec.num_splits
+        self.manifest = self._manifest()
+
+    def _manifest(self) -> str:
+        dataset = self.reader.dataset
+        digest = hashlib.blake2b(dataset.read_bytes("meta/info.json"), digest_size=16)
+        files = sorted(
+            {f for e in dataset.episodes for f, _ in e.videos.values()}
+            | {e.data_file for e in dataset.episodes}
+        )
+        for relative in files:
+            with dataset.fs.open_input_file(dataset.path(relative)) as handle:
+                digest.update(relative.encode() + fingerprint(handle, handle.size()).encode())
+        return digest.hexdigest()
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        spec = self.spec
+        return {
+            "source": "lerobot",
+            "root": spec.root,
+            "version": self.manifest,
+            "episodes": list(spec.episodes) if spec.episodes else None,
+            "num_splits": spec.num_splits,
+            "shuffle_seed": spec.shuffle_seed,
+            "delta_timestamps": {k: list(v) for k, v in spec.delta_timestamps.items()},
+            "episode_pool_size": spec.pool_size,
+        }
+
+    def pin(self, identity: dict[str, Any]) -> None:
+        if identity["version"] != self.manifest:
+            raise ValueError(
+                f"the files of {self.spec.root!r} changed since the checkpoint was saved (its"
+                f" manifest {identity['version']}, now {self.manifest}): a video or Parquet"
+                " file was replaced, added or removed. Restore them, or start a new run."
+            )
+
+    def chunks(self, epoch: int, consumed: list[int], plan: RankEpochPlan) -> Iterator[Batch]:
+        head_here = plan.num_workers > 1
+        if head_here:
+            rows = [
+                self.reader.sample(epoch, s, p) for s, p in reader_positions(plan, range(0), True)
+            ]
+            # the head's pieces are finished by the workers: do not keep them here
+            self.reader.resident.clear()
+            for start in range(0, len(rows), plan.batch_size):
+                yield default_collate(rows[start : start + plan.batch_size])
+        stream = _ReaderStream(self.spec, epoch, plan, head_done=head_here)
+        if plan.num_workers == 0:
+            stream.reader = self.reader
+        yield from DataLoader(
+            stream,
+            batch_size=plan.batch_size,
+            num_workers=plan.num_workers,
+            collate_fn=default_collate,
+            multiprocessing_context=self.multiprocessing_context if plan.num_workers else None,
+        )
+
+    def counters(self) -> dict[str, float]:
+        return self.reader.counters()
