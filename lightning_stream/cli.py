@@ -103,6 +103,25 @@ def demo(workdir: Path) -> int:
     return 0 if exact else 1
 
 
+def build_sidecars(root: str, cache_dir: Path | None, lock_timeout: float) -> int:
+    """Index every MP4 of a LeRobot v3 dataset into the sidecar cache."""
+    from lightning_stream.video.datamodule import default_sidecar_dir
+    from lightning_stream.video.lerobot import open_dataset
+    from lightning_stream.video.sidecar import VideoFile, load_or_build, sidecar_path
+
+    dataset = open_dataset(root)
+    cache = cache_dir or default_sidecar_dir()
+    files = sorted({path for e in dataset.episodes for path, _ in e.videos.values()})
+    key = root if "://" in root else os.path.abspath(root)
+    for relative in files:
+        video = VideoFile(dataset.fs, dataset.path(relative))
+        track, built = load_or_build(video, cache, key, lock_timeout)
+        state = "built" if built else "up to date"
+        print(f"{relative}: {len(track.pts)} frames, {track.codec}, {state}")
+        print(f"  -> {sidecar_path(cache, key, video)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lightning-stream", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -113,9 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     run_inspect.add_argument("checkpoint", type=Path)
     run_inspect.add_argument("--json", action="store_true", help="machine-readable output")
+    run_sidecars = commands.add_parser("build-sidecar", help=build_sidecars.__doc__)
+    run_sidecars.add_argument("root", help="LeRobot v3 dataset root (directory or URI)")
+    run_sidecars.add_argument("--cache-dir", type=Path, help="default ~/.cache/lightning-stream")
+    run_sidecars.add_argument("--lock-timeout", type=float, default=600.0)
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo(args.workdir.resolve())
+    if args.command == "build-sidecar":
+        return build_sidecars(args.root, args.cache_dir, args.lock_timeout)
     from lightning_stream.inspect import render
 
     try:

@@ -26,8 +26,7 @@ class LoaderMonitor(Callback):
       rows queued, rows skipped by the source).
 
     ``on_train_epoch_end`` warns when the epoch's total wait exceeded ``warn_share`` of
-    its total time: the model is starved and more workers or a larger ``read_batch_size``
-    may help.
+    its total time: the model is starved and more workers may help.
 
     Values are logged as the trainer's ``log_every_n_steps`` decides.
 
@@ -77,6 +76,6 @@ class LoaderMonitor(Callback):
         if self._epoch_time and self._epoch_wait / self._epoch_time > self.warn_share:
             rank_zero_warn(
                 f"training waited for data {self._epoch_wait / self._epoch_time:.0%} of epoch"
-                f" {trainer.current_epoch}: the loader is the bottleneck; try more"
-                " num_workers or a larger read_batch_size"
+                f" {trainer.current_epoch}: the loader is the bottleneck; more num_workers"
+                " may help"
             )

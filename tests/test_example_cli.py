@@ -9,14 +9,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def cli(workdir: Path, *flags: str) -> None:
+def cli(workdir: Path, *flags: str, example="train_world_model", config="world_model") -> None:
     command = [
         sys.executable,
-        str(ROOT / "examples" / "train_world_model.py"),
+        str(ROOT / "examples" / f"{example}.py"),
         "fit",
         "--config",
-        str(ROOT / "configs" / "world_model.yaml"),
-        "--data.episodes=96",  # 2400 windows: 25 steps per epoch on 2 processes
+        str(ROOT / "configs" / f"{config}.yaml"),
         "--trainer.enable_progress_bar=false",
         *flags,
     ]
@@ -28,12 +27,30 @@ def cli(workdir: Path, *flags: str) -> None:
 
 
 def test_world_model_config_trains_on_two_processes_and_resumes_on_one(tmp_path):
-    cli(tmp_path, "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.max_epochs=1")
+    # 96 episodes: 2400 windows, 25 steps per epoch on 2 processes
+    ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--data.episodes=96"]
+    cli(tmp_path, *ddp, "--trainer.max_epochs=1")
     checkpoints = tmp_path / "runs" / "world_model" / "checkpoints"
     mid_epoch = checkpoints / "epoch=0-step=20.ckpt"
     assert mid_epoch.exists(), sorted(p.name for p in checkpoints.iterdir())
-    cli(tmp_path, "--trainer.max_epochs=2", f"--ckpt_path={mid_epoch}")
+    cli(tmp_path, "--data.episodes=96", "--trainer.max_epochs=2", f"--ckpt_path={mid_epoch}")
     metrics = sorted((tmp_path / "runs" / "world_model").glob("lightning_logs/*/metrics.csv"))
     with metrics[-1].open() as rows:
         logged = [row for row in csv.DictReader(rows) if row.get("train/mse")]
     assert logged, "the torchmetrics MSE is logged each epoch"
+
+
+def test_video_policy_config_trains_on_two_processes_and_resumes_on_one(tmp_path):
+    video = {"example": "train_video_policy", "config": "video_policy"}
+    flags = ["--data.episodes_to_write=12", f"--data.sidecar_dir={tmp_path / 'sidecars'}"]
+    ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.max_epochs=1"]
+    cli(tmp_path, *flags, *ddp, **video)
+    checkpoints = tmp_path / "runs" / "video_policy" / "checkpoints"
+    mid_epoch = checkpoints / "epoch=0-step=10.ckpt"
+    assert mid_epoch.exists(), sorted(p.name for p in checkpoints.iterdir())
+    cli(tmp_path, *flags, "--trainer.max_epochs=2", f"--ckpt_path={mid_epoch}", **video)
+    metrics = sorted((tmp_path / "runs" / "video_policy").glob("lightning_logs/*/metrics.csv"))
+    with metrics[-1].open() as rows:
+        logged = list(csv.DictReader(rows))
+    assert any(row.get("train/mae") for row in logged)
+    assert any(row.get("loader/wait_share") for row in logged)

@@ -98,3 +98,17 @@ def test_truncated_or_corrupt_mp4_names_the_file(mp4, tmp_path):
     missing = tmp_path / "missing.mp4"
     with pytest.raises(FileNotFoundError, match=f"video file {missing} cannot be opened"):
         load_or_build(VideoFile.open(str(missing)), tmp_path / "cache", "dataset")
+
+
+def test_build_sidecar_command_indexes_every_video_once(tmp_path):
+    import subprocess
+    import sys
+
+    from lightning_stream.video.synthetic import write_dataset
+
+    root = write_dataset(tmp_path / "dataset", [12, 9, 15], episodes_per_file=2)
+    command = [sys.executable, "-m", "lightning_stream.cli", "build-sidecar", str(root)]
+    command += ["--cache-dir", str(tmp_path / "cache")]
+    first = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    second = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    assert first.count(", built") == 4 and second.count("up to date") == 4  # 2 cameras x 2 files

@@ -12,6 +12,7 @@ from pathlib import Path
 import av
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 SIZE = 96
@@ -105,7 +106,7 @@ def write_dataset(
         # one row group per episode, as LeRobot writes them
         with pq.ParquetWriter(path, table.schema) as writer:
             for e in members:
-                writer.write_table(table.filter(pa.compute.equal(table["episode_index"], e)))
+                writer.write_table(table.filter(pc.equal(table["episode_index"], e)))
         offset = 0.0
         for e in members:
             row = {"episode_index": e, "length": lengths[e], "tasks": [f"task {e % 2}"],

@@ -1,0 +1,150 @@
+"""VideoEpisodeDataModule's loader next to a naive per-window PyAV loader, in one run.
+
+    python benchmarks/bench_video.py
+
+One synthetic LeRobot v3 dataset (24 episodes of 40-120 frames, two 96x96 h264 cameras
+with B-frames and a GOP of 30, four episodes per MP4) and windows of the front camera's
+frames at -0.1 s and 0 s plus the wrist camera's anchor frame (3 frames per window).
+
+- ``module``: one epoch of ``VideoEpisodeDataModule(...).train_dataloader()``.
+- ``naive``: what a loader without an index does: per window and camera, open the MP4
+  with PyAV, seek to the keyframe before the window and decode up to its last frame; run
+  on the first ``--naive-windows`` anchors of the module's own order.
+
+Reported: windows/s of each and their ratio, decoded frames per delivered frame, bytes
+read per epoch over the dataset's total video bytes, and the module's peak RSS (process
+tree) next to its byte budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import av
+import numpy as np
+from measure import PeakRss, tree_rss_mb
+
+FRONT, WRIST = "observation.images.front", "observation.images.wrist"
+DELTAS = {FRONT: [-0.1, 0.0]}
+BUDGET_GB = 0.25
+
+
+class CountingFile:
+    """A file object that counts the bytes PyAV reads through it."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = path.open("rb")
+        self.bytes = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.file.read(size)
+        self.bytes += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def naive_window(path: Path, seconds: list[float], fps: float) -> tuple[int, int, int]:
+    """(frames delivered, frames decoded, bytes read) for one camera of one window."""
+    handle = CountingFile(path)
+    with av.open(handle) as container:
+        stream = container.streams.video[0]
+        first, last = min(seconds), max(seconds)
+        container.seek(int(first / stream.time_base), stream=stream, backward=True)
+        decoded, delivered = 0, 0
+        wanted = {round(s * fps) for s in seconds}
+        for frame in container.decode(stream):
+            decoded += 1
+            index = round(float(frame.pts * stream.time_base) * fps)
+            if index in wanted:
+                frame.to_ndarray(format="rgb24")
+                delivered += 1
+            if frame.pts * stream.time_base >= last - 0.5 / fps:
+                break
+    handle.close()
+    return delivered, decoded, handle.bytes
+
+
+def run(root: Path, naive_windows: int) -> None:
+    from lightning_stream.video.datamodule import VideoEpisodeDataModule
+
+    sidecars = root.parent / "sidecars"
+    dm = VideoEpisodeDataModule(
+        str(root), delta_timestamps=DELTAS, num_splits=24, batch_size=16,
+        sidecar_dir=str(sidecars), byte_budget_gb=BUDGET_GB,
+    )  # fmt: skip
+    dm.setup("fit")  # builds the sidecars (not timed: once per dataset)
+    video_bytes = sum(p.stat().st_size for p in (root / "videos").rglob("*.mp4"))
+    baseline = tree_rss_mb()
+    with PeakRss() as rss:
+        start = time.perf_counter()
+        windows, anchors = 0, []
+        for batch in dm.train_dataloader():
+            windows += len(batch["index"])
+            anchors += list(
+                zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=True)
+            )
+        module_time = time.perf_counter() - start
+    counters = dm.stream.counters()
+    delivered = windows * 3
+    dataset = dm.stream.source.reader.dataset
+    fps = dataset.fps
+    episodes = {e.index: e for e in dataset.episodes}
+    start = time.perf_counter()
+    naive_delivered = naive_decoded = naive_bytes = 0
+    for episode_index, frame in anchors[:naive_windows]:
+        episode = episodes[episode_index]
+        for camera, offsets in ((FRONT, [-3, 0]), (WRIST, [0])):
+            relative, from_timestamp = episode.videos[camera]
+            frames = [min(max(frame + o, 0), episode.length - 1) for o in offsets]
+            seconds = [from_timestamp + f / fps for f in frames]
+            got, decoded, read = naive_window(root / relative, seconds, fps)
+            naive_delivered += got
+            naive_decoded += decoded
+            naive_bytes += read
+    naive_time = time.perf_counter() - start
+    module_rate = windows / module_time
+    naive_rate = min(naive_windows, len(anchors)) / naive_time
+    print(f"dataset: {len(episodes)} episodes, {sum(e.length for e in episodes.values())} frames,"
+          f" 2 cameras, {video_bytes} bytes of MP4")  # fmt: skip
+    print(f"module: {windows} windows in {module_time:.2f} s = {module_rate:.0f} windows/s")
+    print(f"naive:  {min(naive_windows, len(anchors))} windows in {naive_time:.2f} s"
+          f" = {naive_rate:.0f} windows/s")  # fmt: skip
+    print(f"windows/s, module / naive: {module_rate / naive_rate:.1f}x")
+    print(f"decoded frames per delivered frame: module {counters['frames_decoded'] / delivered:.2f},"
+          f" naive {naive_decoded / max(1, naive_delivered):.2f}")  # fmt: skip
+    print(f"bytes read per epoch / video bytes: module {counters['bytes_loaded'] / video_bytes:.2f},"
+          f" naive (extrapolated to the epoch)"
+          f" {naive_bytes * len(anchors) / max(1, min(naive_windows, len(anchors))) / video_bytes:.1f}")  # fmt: skip
+    print(
+        f"peak RSS (process tree): {rss.peak:.0f} MB, {rss.peak - baseline:.0f} MB above the"
+        f" process before the epoch; byte budget {BUDGET_GB * 1024:.0f} MB"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=24)
+    parser.add_argument("--naive-windows", type=int, default=400)
+    args = parser.parse_args()
+    from lightning_stream.video.synthetic import write_dataset
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "dataset"
+        lengths = np.random.default_rng(0).integers(40, 121, args.episodes).tolist()
+        write_dataset(root, lengths)
+        run(root, args.naive_windows)
+
+
+if __name__ == "__main__":
+    main()

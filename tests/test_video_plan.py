@@ -1,0 +1,69 @@
+"""The video planner: coverage, balance and determinism, whatever the topology."""
+
+import collections
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lightning_stream.plan import RankEpochPlan
+from lightning_stream.video.plan import anchor_order, cut_splits, window
+from lightning_stream.video.source import reader_positions
+
+lengths_st = st.lists(st.integers(1, 40), min_size=1, max_size=15)
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=lengths_st, num_splits=st.sampled_from([1, 2, 4, 6, 12]), seed=st.integers(0, 9),
+       epoch=st.integers(0, 3), pool=st.integers(1, 4))  # fmt: skip
+def test_every_selected_frame_is_an_anchor_once_in_balanced_splits(
+    lengths, num_splits, seed, epoch, pool
+):
+    if sum(lengths) < num_splits:
+        return
+    splits, split_len = cut_splits(lengths, num_splits, seed, epoch)
+    assert split_len == sum(lengths) // num_splits
+    assert [sum(len(p) for p in pieces) for pieces in splits] == [split_len] * num_splits
+    anchors = collections.Counter()
+    for split, pieces in enumerate(splits):
+        piece, frame = anchor_order(pieces, pool, seed, epoch, split)
+        assert len(frame) == split_len
+        for p, f in zip(piece.tolist(), frame.tolist(), strict=True):
+            assert pieces[p].start <= f < pieces[p].stop
+            anchors[pieces[p].episode, f] += 1
+    assert set(anchors.values()) <= {1}
+    assert len(anchors) == sum(lengths) - sum(lengths) % num_splits
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=lengths_st, seed=st.integers(0, 9), data=st.data())
+def test_the_epoch_is_the_same_on_every_topology(lengths, seed, data):
+    num_splits = 12
+    if sum(lengths) < num_splits:
+        return
+    split_len = sum(lengths) // num_splits
+    consumed = [0] * num_splits
+    served = None
+    for world, workers in [(1, 0), (2, 2), (3, 2), (4, 3), (6, 0)]:
+        rows = []
+        for rank in range(world):
+            plan = RankEpochPlan(tuple(consumed), split_len, world, rank, workers, 5)
+            per_worker = len(plan.splits) // max(1, workers)
+            if workers > 1:
+                rows += list(reader_positions(plan, range(0), head=True))
+                for w in range(workers):
+                    worker_splits = plan.splits[w * per_worker : (w + 1) * per_worker]
+                    rows += list(reader_positions(plan, worker_splits, head=False))
+            else:
+                rows += list(reader_positions(plan, plan.splits, head=True))
+        assert len(rows) == len(set(rows)) == num_splits * split_len
+        served = served or sorted(rows)
+        assert sorted(rows) == served
+    assert cut_splits(lengths, num_splits, seed, 1) == cut_splits(lengths, num_splits, seed, 1)
+
+
+def test_windows_clamp_to_the_episode_and_flag_padding():
+    frames, pad = window(1, 10, np.asarray([-3, 0, 2]))
+    assert frames.tolist() == [0, 1, 3] and pad.tolist() == [True, False, False]
+    frames, pad = window(9, 10, np.asarray([0, 1]))
+    assert frames.tolist() == [9, 9] and pad.tolist() == [False, True]
