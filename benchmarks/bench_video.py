@@ -120,12 +120,16 @@ def run(root: Path, naive_windows: int) -> None:
     print(f"module: {windows} windows in {module_time:.2f} s = {module_rate:.0f} windows/s")
     print(f"naive:  {min(naive_windows, len(anchors))} windows in {naive_time:.2f} s"
           f" = {naive_rate:.0f} windows/s")  # fmt: skip
+    naive_count = min(naive_windows, len(anchors))
+    module_decoded = counters["frames_decoded"] / delivered
+    naive_decoded_ratio = naive_decoded / max(1, naive_delivered)
+    naive_epoch_bytes = naive_bytes * len(anchors) / max(1, naive_count)
     print(f"windows/s, module / naive: {module_rate / naive_rate:.1f}x")
-    print(f"decoded frames per delivered frame: module {counters['frames_decoded'] / delivered:.2f},"
-          f" naive {naive_decoded / max(1, naive_delivered):.2f}")  # fmt: skip
-    print(f"bytes read per epoch / video bytes: module {counters['bytes_loaded'] / video_bytes:.2f},"
-          f" naive (extrapolated to the epoch)"
-          f" {naive_bytes * len(anchors) / max(1, min(naive_windows, len(anchors))) / video_bytes:.1f}")  # fmt: skip
+    print(f"decoded frames per delivered frame: module {module_decoded:.2f}, naive"
+          f" {naive_decoded_ratio:.2f}")  # fmt: skip
+    module_bytes = counters["bytes_loaded"] / video_bytes
+    print(f"bytes read per epoch / video bytes: module {module_bytes:.2f}, naive"
+          f" (extrapolated) {naive_epoch_bytes / video_bytes:.1f}")  # fmt: skip
     print(
         f"peak RSS (process tree): {rss.peak:.0f} MB, {rss.peak - baseline:.0f} MB above the"
         f" process before the epoch; byte budget {BUDGET_GB * 1024:.0f} MB"
