@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -12,22 +10,14 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.types import _PATH
 
-log = logging.getLogger(__name__)
+from lightning_stream.atomic import atomic_write
 
-PARTIAL_SUFFIX = ".partial"
+log = logging.getLogger(__name__)
 
 
 def _is_local(path: _PATH) -> bool:
     text = str(path)
     return "://" not in text or text.startswith("file://")
-
-
-def _fsync_directory(directory: Path) -> None:
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -57,20 +47,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
         final = Path(str(path).removeprefix("file://"))
-        final.parent.mkdir(parents=True, exist_ok=True)
-        for stale in final.parent.glob(f".{final.name}.*{PARTIAL_SUFFIX}"):
-            stale.unlink(missing_ok=True)
-        descriptor, partial = tempfile.mkstemp(
-            dir=final.parent, prefix=f".{final.name}.{os.getpid()}.", suffix=PARTIAL_SUFFIX
-        )
-        try:
-            with os.fdopen(descriptor, "wb") as file:
-                torch.save(checkpoint, file)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(partial, final)
-        except BaseException:
-            Path(partial).unlink(missing_ok=True)
-            raise
-        _fsync_directory(final.parent)
+        with atomic_write(final) as file:
+            torch.save(checkpoint, file)
         log.debug("published checkpoint %s", final)

@@ -30,6 +30,19 @@ class StreamingDataModule(pl.LightningDataModule):
             return 0, 1
         return trainer.global_rank, trainer.world_size
 
+    def _start_stream(self, source, batch_size: int, num_workers: int) -> None:
+        """This rank's stream over ``source``, and the callback that resumes it."""
+        rank, world_size = self._rank_and_world()
+        self.stream = ResumableStream(
+            source,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            rank=rank,
+            world_size=world_size,
+            owner=type(self).__name__,
+        )
+        self._attach_callback()
+
     def _attach_callback(self) -> None:
         """Add a StreamStateCallback to the trainer when the user did not.
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lightning_stream.checkpoint_io import PARTIAL_SUFFIX
+from lightning_stream.atomic import PARTIAL_SUFFIX
 from lightning_stream.demo import arguments, run
 
 

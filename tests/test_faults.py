@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lightning_stream import ledger
-from lightning_stream.checkpoint_io import PARTIAL_SUFFIX
+from lightning_stream.atomic import PARTIAL_SUFFIX
 
 from .conftest import ENV, ROOT, assert_exact, train, train_command
 

@@ -11,7 +11,6 @@ from lightning_stream.batching import Batch
 from lightning_stream.datamodule import StreamingDataModule
 from lightning_stream.lance.source import LanceSource, count_rows, pipeline_options
 from lightning_stream.plan import check_topology
-from lightning_stream.stream import ResumableStream
 
 log = logging.getLogger(__name__)
 
@@ -130,22 +129,14 @@ class LanceDataModule(StreamingDataModule):
         self._val: LanceSource | None = None
 
     def setup(self, stage: str) -> None:
-        rank, world_size = self._rank_and_world()
+        _, world_size = self._rank_and_world()
         check_topology(self.num_splits, world_size, self.num_workers)
         if stage == "fit":
             readers = self.num_splits // world_size // max(1, self.num_workers)
             source = self._source(self.table, self.filter, self.shuffle, self.version, readers)
             self._check_rows(source, "filter", self.filter)
-            self.stream = ResumableStream(
-                source,
-                batch_size=self.batch_size,
-                num_workers=self.num_workers,
-                rank=rank,
-                world_size=world_size,
-                owner=type(self).__name__,
-            )
+            self._start_stream(source, self.batch_size, self.num_workers)
             self._report_layout(source, world_size)
-            self._attach_callback()
         if stage in ("fit", "validate") and (self.val_filter or self.val_table):
             name = self.val_table or self.table
             self._val = self._source(name, self.val_filter, False, None, 1)

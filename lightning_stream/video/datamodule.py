@@ -11,7 +11,6 @@ import torch
 
 from lightning_stream.datamodule import StreamingDataModule
 from lightning_stream.plan import check_topology
-from lightning_stream.stream import ResumableStream
 from lightning_stream.video.source import VideoSource, VideoSpec
 
 log = logging.getLogger(__name__)
@@ -109,7 +108,7 @@ class VideoEpisodeDataModule(StreamingDataModule):
     def setup(self, stage: str) -> None:
         if stage != "fit":
             return
-        rank, world_size = self._rank_and_world()
+        _, world_size = self._rank_and_world()
         check_topology(self.spec.num_splits, world_size, self.num_workers)
         source = VideoSource(self.spec, self.multiprocessing_context)
         self._check_keys(source)
@@ -119,15 +118,7 @@ class VideoEpisodeDataModule(StreamingDataModule):
             self.root, source.split_len * self.spec.num_splits + source.dropped,
             self.spec.num_splits, source.split_len, source.dropped,
         )  # fmt: skip
-        self.stream = ResumableStream(
-            source,
-            batch_size=self.batch_size,
-            num_workers=self.num_workers,
-            rank=rank,
-            world_size=world_size,
-            owner=type(self).__name__,
-        )
-        self._attach_callback()
+        self._start_stream(source, self.batch_size, self.num_workers)
 
     def _check_keys(self, source: VideoSource) -> None:
         known = set(source.reader.dataset.features)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
 from filelock import FileLock, Timeout
 
+from lightning_stream.atomic import atomic_write
 from lightning_stream.video.mp4 import VideoTrack, read_video_track
 
 FORMAT = "1"
@@ -114,19 +114,8 @@ def _load(path: Path, digest: str) -> VideoTrack | None:
 
 
 def _install(table: pa.Table, path: Path) -> None:
-    descriptor, partial = tempfile.mkstemp(
-        dir=path.parent, prefix=f".{path.name}.", suffix=".partial"
-    )
-    try:
-        with os.fdopen(descriptor, "wb") as file:
-            with ipc.new_file(file, table.schema) as writer:
-                writer.write_table(table)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(partial, path)
-    except BaseException:
-        Path(partial).unlink(missing_ok=True)
-        raise
+    with atomic_write(path) as file, ipc.new_file(file, table.schema) as writer:
+        writer.write_table(table)
 
 
 def load_or_build(
