@@ -51,8 +51,9 @@ class VideoEpisodeDataModule(StreamingDataModule):
         episode_pool_size: pieces of episodes resident per split (decoded once, reused by
             all their windows); default 2. Memory is about ``splits per reader x pool x
             decoded piece``.
-        byte_budget_gb: compressed payload bytes a reader may hold; an episode whose video
-            payload alone is larger fails at setup. Default 1.0.
+        byte_budget_gb: compressed video payload a rank may hold, shared by its workers
+            (each gets ``1 / max(1, num_workers)``); an episode whose payload alone is
+            larger than a worker's share fails at setup. Default 1.0.
         image_transforms: callable on each camera's uint8 tensor, in the worker; must be
             picklable when ``num_workers > 0``. Default ``None``.
         sidecar_dir: cache of the MP4 sidecar indexes; default
@@ -131,11 +132,13 @@ class VideoEpisodeDataModule(StreamingDataModule):
 
     def _check_budget(self, source: VideoSource) -> None:
         reader = source.reader
+        share = self.byte_budget // max(1, self.num_workers)
         for episode in reader.dataset.episodes:
             payload = sum(reader.payload_bytes(episode, camera) for camera in episode.videos)
-            if payload > self.byte_budget:
+            if payload > share:
                 raise ValueError(
                     f"episode {episode.index} of {self.root!r} has {payload / 2**30:.2f} GiB of"
-                    f" video payload, more than byte_budget_gb={self.byte_budget / 2**30:.2f}:"
+                    f" video payload, more than a reader's share of byte_budget_gb="
+                    f"{self.byte_budget / 2**30:.2f} ({max(1, self.num_workers)} readers):"
                     " raise byte_budget_gb"
                 )

@@ -40,6 +40,7 @@ class VideoSpec:
 class _Resident:
     frames: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
     last: int = 0
+    payload: int = 0
 
 
 class EpisodeReader:
@@ -122,11 +123,11 @@ class EpisodeReader:
         wanted = frames_at(track, seconds, self.dataset.path(relative), 0.5 / self.fps)
         return int(track.size[wanted].sum())
 
-    def _decode_piece(
-        self, episode_slot: int, start: int, stop: int
-    ) -> dict[tuple[str, int], torch.Tensor]:
+    def _decode_piece(self, episode_slot: int, start: int, stop: int) -> _Resident:
+        """The decoded frames of a piece (plus its windows' margins), from byte ranges."""
         episode = self.dataset.episodes[episode_slot]
-        frames: dict[tuple[str, int], torch.Tensor] = {}
+        resident = _Resident()
+        frames = resident.frames
         for camera in self.dataset.cameras:
             offsets = self.offsets.get(camera, np.zeros(1, dtype=np.int64))
             first = max(0, start + int(offsets.min()))
@@ -139,13 +140,14 @@ class EpisodeReader:
 
             def read_at(offset: int, size: int, handle=handle) -> bytes:
                 self.bytes_loaded += size
+                resident.payload += size
                 return handle.read_at(size, offset)
 
             for f, image in zip(needed.tolist(), decode(read_at, track, wanted, name), strict=True):
                 frames[camera, f] = torch.from_numpy(image).permute(2, 0, 1).contiguous()
             first_packet, last_packet = decode_range(track, wanted)
             self.frames_decoded += last_packet - first_packet + 1
-        return frames
+        return resident
 
     # -- samples -------------------------------------------------------------------
     def sample(self, epoch: int, split: int, position: int) -> dict[str, Any]:
@@ -154,9 +156,8 @@ class EpisodeReader:
         key = (split, slot)
         piece = pieces[slot]
         if key not in self.resident:
-            self.resident[key] = _Resident(
-                self._decode_piece(piece.episode, piece.start, piece.stop), int(last[slot])
-            )
+            self.resident[key] = self._decode_piece(piece.episode, piece.start, piece.stop)
+            self.resident[key].last = int(last[slot])
         resident = self.resident[key]
         frame = int(frame_of[position])
         sample = self._assemble(piece.episode, frame, resident.frames)
@@ -198,11 +199,15 @@ class EpisodeReader:
         return sample
 
     def counters(self) -> dict[str, float]:
-        resident = sum(t.numel() for r in self.resident.values() for t in r.frames.values())
+        """Payload read, frames decoded, and what the resident pieces hold now: decoded
+        frames (``resident_bytes``) and the compressed payload they were decoded from
+        (``reserved_bytes``, what the byte budget bounds)."""
+        pieces = self.resident.values()
         return {
             "bytes_loaded": self.bytes_loaded,
             "frames_decoded": self.frames_decoded,
-            "resident_bytes": resident,
+            "resident_bytes": sum(t.numel() for r in pieces for t in r.frames.values()),
+            "reserved_bytes": sum(r.payload for r in pieces),
         }
 
 
