@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, get_w
 from lightning_stream.batching import Batch
 from lightning_stream.plan import RankEpochPlan
 from lightning_stream.video.decode import decode, decode_range, frames_at
-from lightning_stream.video.lerobot import Episode, open_dataset
+from lightning_stream.video.lerobot import ID_COLUMNS, Episode, open_dataset
 from lightning_stream.video.mp4 import VideoTrack
 from lightning_stream.video.plan import anchor_order, cut_splits, frame_offsets, window
 from lightning_stream.video.sidecar import VideoFile, fingerprint, load_or_build
@@ -55,11 +55,7 @@ class EpisodeReader:
         self.dataset = open_dataset(spec.root, list(spec.episodes) if spec.episodes else None)
         self.fps = self.dataset.fps
         columns = [k for k, v in self.dataset.features.items() if v.get("dtype") != "video"]
-        self.columns = [
-            c
-            for c in columns
-            if c not in ("index", "episode_index", "frame_index", "timestamp", "task_index")
-        ]
+        self.columns = [c for c in columns if c not in ID_COLUMNS]
         table = self.dataset.frames(self.columns).sort_by("index")
         self.table = {
             name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names
