@@ -9,6 +9,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
+from lightning_stream.batching import batch_len
 from lightning_stream.callback import find_stream
 
 
@@ -63,7 +64,7 @@ class LoaderMonitor(Callback):
         total = wait + time.perf_counter() - self._step_start
         self._epoch_wait += wait
         self._epoch_time += total
-        samples = len(next(iter(batch.values()))) if isinstance(batch, dict) else 0
+        samples = batch_len(batch) if isinstance(batch, dict) else 0
         metrics = {
             "loader/wait_s": wait,
             "loader/wait_share": wait / total if total else 0.0,
