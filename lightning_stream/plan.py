@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
+
 
 def check_topology(num_splits: int, world_size: int, num_workers: int) -> None:
     """Raise ``ValueError`` unless ``num_splits`` divides evenly over ranks and workers."""
@@ -174,6 +176,40 @@ class RankEpochPlan:
     @cached_property
     def sizes(self) -> list[int]:
         return batch_sizes(self.rows, self.steps, self.batch_size)
+
+    def head_order(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(local split, position in split)`` of each head row, in serving order."""
+        splits = np.asarray(self.head, dtype=np.int64)
+        positions = np.asarray(self.start, dtype=np.int64)[splits] if len(splits) else splits
+        if len(splits):
+            # the k-th head row of a split is its (start + k)-th row
+            order = np.argsort(splits, kind="stable")
+            firsts = np.searchsorted(splits[order], splits[order])
+            ranks = np.empty_like(order)
+            ranks[order] = np.arange(len(order)) - firsts
+            positions = positions + ranks
+        return splits, positions
+
+    def reader_order(self, worker: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(local split, position)`` of each row worker ``worker`` reads, in its order.
+
+        With at most one worker, the one reader serves the whole plan (head included);
+        with several, the head is served before the workers and each worker reads its
+        contiguous sub-block of splits, one row per split per cycle, from ``level``.
+        """
+        count = len(self.splits)
+        if self.num_workers <= 1:
+            splits, positions = self.head_order()
+            cycle_splits = np.arange(count)
+        else:
+            splits = positions = np.zeros(0, dtype=np.int64)
+            per_worker = count // self.num_workers
+            cycle_splits = np.arange(worker * per_worker, (worker + 1) * per_worker)
+        cycles = np.arange(self.level, self.split_len, dtype=np.int64)
+        return (
+            np.concatenate([splits, np.tile(cycle_splits, len(cycles))]),
+            np.concatenate([positions, np.repeat(cycles, len(cycle_splits))]),
+        )
 
     def counts_after(self, rows: int) -> list[int]:
         """Per-split consumed counts of this rank's splits after ``rows`` rows of the plan."""

@@ -1,28 +1,51 @@
-"""Arrow record batches to training batches, column by column.
+"""Arrow rows to training batches, with one Python type per column decided once.
 
-lancedb hands rows to the DataLoader one at a time. A row here is only a reference,
-``(columns, index)``, into the columns of the record batch it came from, converted to
-numpy once per record batch; the collate function gathers a batch's rows from their
-record batches with one ``numpy.take`` per column.
+The type of every column is decided at setup from the table's schema and, for nullable
+columns, from whether the pinned table version holds any null: the same on every rank,
+worker and epoch, whatever rows a batch happens to hold.
+
+============================================  ==========================================
+Arrow type                                    batch value
+============================================  ==========================================
+integer, float, bool                          tensor ``[rows]``
+fixed-size list of those (nested too)         tensor ``[rows, n, ...]``
+either, with nulls in the table               tensor (nulls as 0 / ``False``) and a bool
+                                              tensor ``<name>_valid`` ``[rows]``
+variable-length list of numbers               list of 1-D tensors (views of one buffer);
+                                              nulls as empty tensors, plus ``_valid``
+string                                        list of ``str`` (``None`` for null)
+binary                                        numpy object array of ``bytes``
+anything else (struct, timestamp, ...)        list of Python values
+============================================  ==========================================
+
+Binary values become a numpy array because Lightning's device transfer leaves numpy
+arrays alone but walks a list of ``bytes`` byte by byte (about 2 s per batch of 64 20 KB
+images); a device cannot hold ``bytes`` anyway, so decode them in ``transform``.
+
+Crossing from a DataLoader worker, a batch travels as numpy arrays (pickled by value in
+one message) and becomes tensors in the main process (:func:`to_batch`): torch's default
+would put every tensor in a shared-memory block of its own, which costs more than
+copying the bytes for the small tensors of a batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from itertools import repeat
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from lightning_stream.batching import Batch, check_columnar
 
-Columns = dict[str, Any]
-Row = tuple[Columns, int]
+TENSOR, VARLIST, STRING, BINARY, PYTHON = "tensor", "varlist", "string", "binary", "python"
+VALID_SUFFIX = "_valid"
 
 
-def _is_tensor_type(arrow_type: pa.DataType) -> bool:
+def _numeric(arrow_type: pa.DataType) -> bool:
     return (
         pa.types.is_integer(arrow_type)
         or pa.types.is_floating(arrow_type)
@@ -30,68 +53,123 @@ def _is_tensor_type(arrow_type: pa.DataType) -> bool:
     )
 
 
-def tensor_column(arrow_type: pa.DataType) -> bool:
-    """Whether a column of this type becomes a tensor (else a list of Python values)."""
+def column_kind(arrow_type: pa.DataType) -> str:
+    """How a column of ``arrow_type`` is served (see the module's table)."""
+    if _numeric(arrow_type):
+        return TENSOR
     if pa.types.is_fixed_size_list(arrow_type):
-        return tensor_column(arrow_type.value_type)
-    return _is_tensor_type(arrow_type)
+        return TENSOR if column_kind(arrow_type.value_type) == TENSOR else PYTHON
+    if (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)) and _numeric(
+        arrow_type.value_type
+    ):
+        return VARLIST
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return STRING
+    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
+        return BINARY
+    return PYTHON
 
 
-def _to_numpy(column: pa.Array) -> np.ndarray | list:
-    if column.null_count == 0:
-        if pa.types.is_fixed_size_list(column.type) and tensor_column(column.type):
-            values = _to_numpy(column.flatten())
-            if isinstance(values, np.ndarray):
-                return values.reshape(len(column), -1, *values.shape[1:])
-        elif _is_tensor_type(column.type):
-            return column.to_numpy(zero_copy_only=False)
-    return column.to_pylist()
+@dataclass(frozen=True)
+class ColumnTypes:
+    """The serving kind of each column, and which tensor columns carry a validity mask."""
 
+    kinds: dict[str, str]
+    masked: frozenset[str]
 
-def record_batch_rows(batch: pa.RecordBatch) -> list[Row]:
-    """lancedb transform: one cheap row reference per row of ``batch``."""
-    columns = {name: _to_numpy(batch.column(name)) for name in batch.schema.names}
-    return list(zip(repeat(columns, batch.num_rows), range(batch.num_rows), strict=True))
+    @classmethod
+    def of_table(cls, table: Any, columns: list[str] | None) -> ColumnTypes:
+        """Decide from ``table``'s schema and nulls (one ``IS NULL`` count per nullable
+        tensor or list column)."""
+        schema = table.schema
+        names = columns if columns is not None else schema.names
+        kinds = {name: column_kind(schema.field(name).type) for name in names}
+        clashes = [n + VALID_SUFFIX for n in kinds if n + VALID_SUFFIX in schema.names]
+        masked = frozenset(
+            name
+            for name, kind in kinds.items()
+            if kind in (TENSOR, VARLIST)
+            and schema.field(name).nullable
+            and table.count_rows(f"`{name}` IS NULL") > 0
+        )
+        clashes = [name for name in clashes if name[: -len(VALID_SUFFIX)] in masked]
+        if clashes:
+            raise ValueError(
+                f"columns {clashes} clash with the validity masks of nullable columns; rename"
+                " them, or leave them out with columns=[...]"
+            )
+        return cls(kinds, masked)
 
-
-class ColumnarCollate:
-    """Collate row references into a dict batch, then apply the user's ``transform``.
-
-    Numeric and fixed-size-list columns without nulls become tensors stacked along dim
-    0; any other column a list. Picklable, so it runs in DataLoader workers.
-    """
-
-    def __init__(self, transform: Callable[[Batch], Batch] | None = None) -> None:
-        self.transform = transform
-
-    def __call__(self, rows: Sequence[Row]) -> Batch:
-        sources, indices = zip(*rows, strict=True)
-        offsets: dict[int, int] = {}
-        parts: list[Columns] = []
-        total = 0
-        for columns in sources:
-            if id(columns) not in offsets:
-                offsets[id(columns)] = total
-                total += _rows_in(columns)
-                parts.append(columns)
-        base = [offsets[id(columns)] for columns in sources]
-        take = np.asarray(indices, dtype=np.int64) + np.asarray(base, dtype=np.int64)
-        batch: Batch = {}
-        for name in parts[0]:
-            values = [part[name] for part in parts]
-            if all(isinstance(v, np.ndarray) for v in values):
-                joined = values[0] if len(values) == 1 else np.concatenate(values)
-                batch[name] = torch.from_numpy(np.take(joined, take, axis=0))
+    def to_wire(self, rows: pa.Table) -> dict[str, Any]:
+        """Numpy form of a batch: what a worker sends, picklable by value."""
+        wire: dict[str, Any] = {}
+        for name, kind in self.kinds.items():
+            column = rows.column(name).combine_chunks()
+            if name in self.masked:
+                wire[name + VALID_SUFFIX] = column.is_valid().to_numpy(zero_copy_only=False)
+            if kind == TENSOR:
+                wire[name] = _dense(column)
+            elif kind == VARLIST:
+                # flatten() leaves out null lists' values: they count as empty
+                wire[name] = (
+                    np.array(column.flatten().to_numpy(zero_copy_only=False)),
+                    pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False),
+                )
+            elif kind == BINARY:
+                wire[name] = column.to_numpy(zero_copy_only=False)
             else:
-                joined = [item for value in values for item in value]
-                batch[name] = [joined[i] for i in take.tolist()]
-        if self.transform is not None:
-            batch = self.transform(batch)
-            check_columnar(batch, len(rows), "transform")
+                wire[name] = column.to_pylist()
+        return wire
+
+    def to_batch(self, wire: dict[str, Any]) -> Batch:
+        """Tensors (and lists) from :meth:`to_wire`'s numpy form."""
+        batch: Batch = {}
+        for name, value in wire.items():
+            kind = self.kinds.get(name, TENSOR)
+            if kind == TENSOR:
+                batch[name] = torch.from_numpy(value)
+            elif kind == VARLIST:
+                values, lengths = value
+                batch[name] = list(torch.from_numpy(values).split(lengths.tolist()))
+            else:
+                batch[name] = value
         return batch
 
 
-def _rows_in(columns: Columns) -> int:
-    for values in columns.values():
-        return len(values)
-    return 0
+def _dense(column: pa.Array) -> np.ndarray:
+    """A numeric or fixed-size-list column as one numpy array, nulls as zeros."""
+    if pa.types.is_fixed_size_list(column.type):
+        width = column.type.list_size
+        values = column.values.slice(column.offset * width, len(column) * width)
+        dense = _dense(values)
+        dense = dense.reshape(len(column), width, *dense.shape[1:])
+        if column.null_count:
+            dense[~column.is_valid().to_numpy(zero_copy_only=False)] = 0
+        return dense
+    if column.null_count:
+        column = column.fill_null(False if pa.types.is_boolean(column.type) else 0)
+    # a copy: a view would keep the whole read's buffer alive for as long as the batch
+    return np.array(column.to_numpy(zero_copy_only=False))
+
+
+class BatchMaker:
+    """Arrow rows to a training batch: the column types, then the user's ``transform``.
+
+    Picklable, so it runs in DataLoader workers.
+    """
+
+    def __init__(self, types: ColumnTypes, transform: Callable[[Batch], Batch] | None) -> None:
+        self.types = types
+        self.transform = transform
+
+    def __call__(self, rows: pa.Table) -> Batch:
+        return self.finish(self.types.to_batch(self.types.to_wire(rows)))
+
+    def finish(self, batch: Batch) -> Batch:
+        if self.transform is None:
+            return batch
+        rows = next(iter(batch.values()), ())
+        count = rows.shape[0] if isinstance(rows, torch.Tensor) else len(rows)
+        batch = self.transform(batch)
+        check_columnar(batch, count, "transform")
+        return batch

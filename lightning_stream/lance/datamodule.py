@@ -7,9 +7,11 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+
 from lightning_stream.batching import Batch
 from lightning_stream.datamodule import StreamingDataModule
-from lightning_stream.lance.source import LanceSource, count_rows, pipeline_options
+from lightning_stream.lance.source import LanceSource
 from lightning_stream.plan import check_topology
 
 log = logging.getLogger(__name__)
@@ -18,15 +20,19 @@ log = logging.getLogger(__name__)
 class LanceDataModule(StreamingDataModule):
     """Streams a LanceDB table, shuffled per epoch, with exact elastic resume.
 
-    Each rank reads its block of ``num_splits`` fixed splits through a
-    ``lancedb.streaming.StreamingDataset`` built for the epoch, served by
-    ``StreamingDataLoader``. With :class:`~lightning_stream.StreamStateCallback` (added
+    Each rank reads its block of ``num_splits`` fixed splits, as
+    ``lancedb.streaming.StreamingDataset`` assigns rows to them for the epoch, in the
+    order lancedb's own loader would serve them, holding at most ``read_ahead_bytes``
+    of rows not yet trained on. With :class:`~lightning_stream.StreamStateCallback` (added
     to the trainer automatically) a checkpoint at any step resumes on any world size and
     worker count for which ``num_splits`` divides, and every row of an epoch reaches
     ``training_step`` exactly once.
 
-    A batch is a dict: numeric and fixed-size-list columns without nulls become tensors
-    stacked along dim 0, any other column a list of Python values.
+    A batch is a dict with one Python type per column, decided at setup from the schema
+    (see :mod:`lightning_stream.lance.columns` and the README's table): numeric and
+    fixed-size-list columns become tensors stacked along dim 0 (with a bool
+    ``<name>_valid`` tensor when the column holds nulls), strings a list of ``str``,
+    binary columns a numpy object array of ``bytes``.
 
     Args:
         uri: LanceDB database URI (a directory, or any URI ``lancedb.connect`` takes).
@@ -56,17 +62,17 @@ class LanceDataModule(StreamingDataModule):
         val_filter: SQL predicate selecting validation rows of ``table``; keep it disjoint
             from ``filter``. Default ``None``.
         val_table: name of a separate validation table in ``uri``; default ``None``.
-            Validation is read in storage order, each rank its own contiguous part, no row
-            twice; up to ``world_size * max(1, num_workers) - 1`` surplus rows are left out.
+            Validation is read in storage order, each rank its own contiguous part, every
+            row once.
         version: table version to train on; default ``None`` pins the latest version at
             setup. A resume always reads the version the checkpoint recorded.
-        read_ahead_rows: rows each reading process (the main process, or each worker)
-            keeps requested from LanceDB ahead of training, shared by its splits; default
-            32768. Sets lancedb's read batch size (up to 1,024 rows) and reads in flight per
-            split. It bounds the requests in flight, not lancedb's queues behind them: with
-            training slower than the reads, lancedb 0.40 keeps reading ahead (README).
-        read_batch_size: rows per LanceDB read per split; default ``None`` derives it from
-            ``read_ahead_rows``.
+        read_ahead_bytes: bytes of rows each rank may hold that training has not taken
+            yet: reads in flight and rows read but not yet handed out as batches, summed
+            over the rank's reading processes (the main process, or its workers, each
+            with an equal share); default 256 MiB. Memory stays flat whatever the table's
+            size and however slow the training step is. Each reading process also always
+            allows one read of at least one row, and the DataLoader holds up to
+            ``prefetch_factor`` (2) batches per worker beyond it (README, "Memory").
         multiprocessing_context: start method of the workers, ``"forkserver"`` (default;
             workers start about a quarter faster than with spawn here) or ``"spawn"``.
             ``"fork"`` is refused: lancedb crashes in forked workers.
@@ -89,15 +95,12 @@ class LanceDataModule(StreamingDataModule):
         val_table: str | None = None,
         version: int | None = None,
         shuffle_clump_size: int | None = None,
-        read_ahead_rows: int = 32768,
-        read_batch_size: int | None = None,
+        read_ahead_bytes: int = 256 * 2**20,
         multiprocessing_context: str = "forkserver",
     ) -> None:
         super().__init__()
         _check_positive(num_splits=num_splits, batch_size=batch_size)
-        _check_positive(read_ahead_rows=read_ahead_rows)
-        if read_batch_size is not None:
-            _check_positive(read_batch_size=read_batch_size)
+        _check_positive(read_ahead_bytes=read_ahead_bytes)
         if shuffle_clump_size is not None:
             _check_positive(shuffle_clump_size=shuffle_clump_size)
         if num_workers < 0:
@@ -123,8 +126,7 @@ class LanceDataModule(StreamingDataModule):
         self.val_table = val_table
         self.version = version
         self.shuffle_clump_size = shuffle_clump_size
-        self.read_ahead_rows = read_ahead_rows
-        self.read_batch_size = read_batch_size
+        self.read_ahead_bytes = read_ahead_bytes
         self.multiprocessing_context = multiprocessing_context
         self._val: LanceSource | None = None
 
@@ -132,14 +134,13 @@ class LanceDataModule(StreamingDataModule):
         _, world_size = self._rank_and_world()
         check_topology(self.num_splits, world_size, self.num_workers)
         if stage == "fit":
-            readers = self.num_splits // world_size // max(1, self.num_workers)
-            source = self._source(self.table, self.filter, self.shuffle, self.version, readers)
+            source = self._source(self.table, self.filter, self.shuffle, self.version)
             self._check_rows(source, "filter", self.filter)
             self._start_stream(source, self.batch_size, self.num_workers)
             self._report_layout(source, world_size)
         if stage in ("fit", "validate") and (self.val_filter or self.val_table):
             name = self.val_table or self.table
-            self._val = self._source(name, self.val_filter, False, None, 1)
+            self._val = self._source(name, self.val_filter, False, None)
             self._check_rows(self._val, "val_filter", self.val_filter, world_size)
 
     def _source(
@@ -148,7 +149,6 @@ class LanceDataModule(StreamingDataModule):
         filter: str | None,
         shuffle: bool,
         version: int | None,
-        splits_per_reader: int,
     ) -> LanceSource:
         source = LanceSource(
             self.uri,
@@ -161,32 +161,29 @@ class LanceDataModule(StreamingDataModule):
             columns=self.columns,
             filter=filter,
             transform=self.transform,
-            pipeline=pipeline_options(
-                self.read_ahead_rows, self.read_batch_size, splits_per_reader
-            ),
+            read_ahead_bytes=self.read_ahead_bytes,
+            num_workers=self.num_workers,
             multiprocessing_context=self.multiprocessing_context,
         )
-        if self.columns is not None:
-            names = source.table.schema.names
-            unknown = [c for c in self.columns if c not in names]
-            if unknown:
-                raise ValueError(
-                    f"columns={self.columns!r}: {unknown} not in table {table!r} (its columns:"
-                    f" {names})"
-                )
         return source
 
     def _check_rows(
         self, source: LanceSource, argument: str, filter: str | None, parts: int | None = None
     ) -> None:
-        needed = parts * max(1, self.num_workers) if parts else self.num_splits
+        needed = parts or self.num_splits
         if source.rows == 0:
+            total = source.table.count_rows()
+            if total == 0:
+                raise ValueError(
+                    f"table {source.name!r} in {self.uri!r} is empty: add rows to it, or pass"
+                    " the name of a table that has some"
+                )
             raise ValueError(
                 f"{argument}={filter!r} selects no rows of table {source.name!r} (it has"
-                f" {count_rows(source.table, None, self.uri, source.name)} rows); loosen it"
+                f" {total} rows); loosen it"
             )
         if source.rows < needed:
-            what = "num_splits" if parts is None else "world_size * max(1, num_workers)"
+            what = "num_splits" if parts is None else "world_size"
             raise ValueError(
                 f"table {source.name!r} has {source.rows} rows ({argument}={filter!r}), fewer"
                 f" than {what}={needed}; every split needs at least one row, so lower"
@@ -219,25 +216,37 @@ class LanceDataModule(StreamingDataModule):
         if self._val is None:
             return []
         rank, world_size = self._rank_and_world()
-        return _ValidationLoader(self._val, rank, world_size, self.batch_size, self.num_workers)
+        return _ValidationLoader(self._val, rank, world_size, self.batch_size)
 
 
 class _ValidationLoader:
-    """Re-iterable validation loader: a fresh unshuffled dataset on every pass."""
+    """Re-iterable validation loader: the rows in storage order, each rank its own part.
 
-    def __init__(
-        self, source: LanceSource, rank: int, world_size: int, batch_size: int, num_workers: int
-    ) -> None:
+    The rows are cut into ``world_size`` contiguous parts (the first ones one row longer
+    when they do not divide), so every row is validated once, none twice. They are read
+    in this process, with the reader's threads, whatever ``num_workers`` is.
+    """
+
+    def __init__(self, source: LanceSource, rank: int, world_size: int, batch_size: int) -> None:
         self.source = source
         self.rank = rank
         self.world_size = world_size
         self.batch_size = batch_size
-        self.num_workers = num_workers
+
+    def _rows(self) -> np.ndarray:
+        return np.array_split(self.source.storage_rows(), self.world_size)[self.rank]
+
+    def __len__(self) -> int:
+        return -(-len(self._rows()) // self.batch_size)
 
     def __iter__(self) -> Iterator[Batch]:
-        parts = self.world_size * max(1, self.num_workers)
-        dataset = self.source.dataset(0, self.rank, self.world_size, num_splits=parts)
-        return iter(self.source.loader(dataset, self.batch_size, self.num_workers))
+        rows = self._rows()
+        sizes = [self.batch_size] * (len(rows) // self.batch_size)
+        if len(rows) % self.batch_size:
+            sizes.append(len(rows) % self.batch_size)
+        make = self.source.batch_maker()
+        reader = self.source.reader(rows, self.source.read_ahead_bytes)
+        return (make(table) for table in reader.batches(sizes))
 
 
 def _check_positive(**values: int) -> None:

@@ -1,4 +1,4 @@
-"""A LanceDB table as a stream source: one ``StreamingDataset`` per rank and epoch."""
+"""A LanceDB table as a stream source: lancedb's splits, read by a byte-bounded reader."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import lancedb
-from lancedb.streaming import StreamingDataLoader, StreamingDataset
+import numpy as np
+from lancedb.streaming import StreamingDataset
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lightning_stream.batching import Batch
 from lightning_stream.lance import _lancedb_fixes
-from lightning_stream.lance.columns import ColumnarCollate, record_batch_rows
+from lightning_stream.lance.columns import BatchMaker, ColumnTypes
+from lightning_stream.lance.reader import BudgetedReader, ReadCounters, take_rows
 from lightning_stream.plan import RankEpochPlan
 
 log = logging.getLogger(__name__)
@@ -62,11 +65,15 @@ def open_table(uri: str, name: str, version: int | None) -> tuple[Any, TableOpen
 class LanceSource:
     """Rows of a LanceDB table, split into ``num_splits`` equal splits.
 
-    A rank's epoch is served by one ``lancedb.streaming.StreamingDataset`` through
-    ``StreamingDataLoader``. With several workers, the plan's head (the lagging rows after
-    an elastic resume, then whole cycles up to the first batch) is read in this process
-    first: lancedb starts several workers only from equal counts, and the workers start
-    up while training runs on the first batch.
+    ``lancedb.streaming.StreamingDataset`` decides which rows form each split of an epoch
+    (its permutation table); the rows are then read in the plan's order (the order of
+    lancedb's own loader, see :mod:`lightning_stream.plan`) by a
+    :class:`~lightning_stream.lance.reader.BudgetedReader` per reading process, which
+    holds at most ``read_ahead_bytes`` (shared by the rank's workers) not yet handed out.
+
+    With several workers, the plan's head (the lagging rows after an elastic resume, then
+    whole cycles up to the first batch) is read in this process first, so the workers
+    start up while training runs on the first batch.
     """
 
     def __init__(
@@ -82,7 +89,8 @@ class LanceSource:
         columns: list[str] | None,
         filter: str | None,
         transform: Callable[[Batch], Batch] | None,
-        pipeline: dict[str, int],
+        read_ahead_bytes: int,
+        num_workers: int,
         multiprocessing_context: str,
     ) -> None:
         self.uri = uri
@@ -93,16 +101,24 @@ class LanceSource:
         self.shuffle_clump_size = shuffle_clump_size
         self.columns = columns
         self.filter = filter
-        self.pipeline = pipeline
+        self.transform = transform
+        self.read_ahead_bytes = read_ahead_bytes
         self.multiprocessing_context = multiprocessing_context
-        self.collate = ColumnarCollate(transform)
-        self.current: StreamingDataset | None = None
+        self.read_counters = ReadCounters(1 + num_workers)
         self._open(version)
 
     def _open(self, version: int | None) -> None:
         self.table, self.opener = open_table(self.uri, self.name, version)
         self.rows = count_rows(self.table, self.filter, self.uri, self.name)
         self.split_len = self.rows // self.num_splits
+        names = self.table.schema.names
+        unknown = [c for c in self.columns or () if c not in names]
+        if unknown:
+            raise ValueError(
+                f"columns={self.columns!r}: {unknown} not in table {self.name!r} (its columns:"
+                f" {names})"
+            )
+        self.types = ColumnTypes.of_table(self.table, self.columns)
 
     @property
     def version(self) -> int:
@@ -134,86 +150,80 @@ class LanceSource:
             )
             self._open(saved)
 
-    def dataset(
-        self, epoch: int, rank: int, world_size: int, consumed: list[int] | None = None, **options
-    ) -> StreamingDataset:
-        """The epoch's dataset for ``rank``, from ``consumed`` rows per split if given."""
-        shuffle = options.pop("shuffle", self.shuffle)
-        dataset = StreamingDataset(
-            self.table,
-            num_splits=options.pop("num_splits", self.num_splits),
-            shuffle=shuffle,
-            shuffle_seed=self.shuffle_seed,
-            shuffle_clump_size=self.shuffle_clump_size if shuffle else None,
-            epoch=epoch,
-            rank=rank,
-            world_size=world_size,
-            columns=self.columns,
-            filter=options.pop("filter", self.filter),
-            transform=record_batch_rows,
-            connection_factory=self.opener,
-            **{**self.pipeline, **options},
-        )
-        if consumed is not None:
-            dataset.load_state_dict(
-                {
-                    "num_splits": self.num_splits,
-                    "shuffle_seed": self.shuffle_seed,
-                    "epoch": epoch,
-                    "samples_consumed_per_split": consumed,
-                }
-            )
-        return dataset
+    def split_rows(self, epoch: int) -> np.ndarray:
+        """Row ids of every split of ``epoch``, ``[num_splits, split_len]``, in split order.
 
-    def loader(self, dataset: StreamingDataset, batch_size: int, num_workers: int) -> Any:
-        return StreamingDataLoader(
-            dataset,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            collate_fn=self.collate,
-            multiprocessing_context=worker_context(self.multiprocessing_context)
-            if num_workers
-            else None,
+        A split's rows beyond ``split_len`` are the epoch's surplus: lancedb's loader ends
+        an epoch at the last complete round of its splits, which never reaches them.
+        """
+        return _split_rows(
+            self.table,
+            num_splits=self.num_splits,
+            shuffle=self.shuffle,
+            shuffle_seed=self.shuffle_seed,
+            shuffle_clump_size=self.shuffle_clump_size if self.shuffle else None,
+            epoch=epoch,
+            filter=self.filter,
+            split_len=self.split_len,
         )
+
+    def storage_rows(self) -> np.ndarray:
+        """Row ids of every row ``filter`` selects, in storage order."""
+        return _split_rows(
+            self.table,
+            num_splits=1,
+            shuffle=False,
+            filter=self.filter,
+            split_len=self.rows,
+        )[0]
+
+    def reader(self, row_ids: np.ndarray, budget: int, reader: int = 0) -> BudgetedReader:
+        """A reader of ``row_ids`` in order, counted under ``reader``'s counters."""
+        return BudgetedReader(
+            take_rows(self.table, self.columns), row_ids, budget, self.read_counters, reader
+        )
+
+    def batch_maker(self) -> BatchMaker:
+        return BatchMaker(self.types, self.transform)
 
     def counters(self) -> dict[str, float]:
-        dataset = self.current
-        if dataset is None:
-            return {}
-        return {
-            "bytes_loaded": dataset.bytes_loaded,
-            "prefetched_rows": dataset.prefetch_queue_depth,
-            "raw_rows": dataset.raw_queue_depth,
-            "rows_skipped": dataset.rows_skipped,
-        }
+        return self.read_counters.totals()
 
     def chunks(self, epoch: int, consumed: list[int], plan: RankEpochPlan) -> Iterator[Batch]:
-        # With several workers, serve the plan's head here, with small reads: lancedb
-        # starts them only from equal counts, and they start up while training runs on
-        # the first batch.
-        head = len(plan.head) if plan.num_workers > 1 else 0
-        if head:
-            per_split = -(-head // len(plan.splits))
-            small = {"read_batch_size": per_split, "io_queue_depth": 1, "transform_queue_depth": 1}
-            rows = iter(self.dataset(epoch, plan.rank, plan.world_size, consumed, **small))
-            try:
-                for start in range(0, head, plan.batch_size):
-                    count = min(plan.batch_size, head - start)
-                    yield self.collate([next(rows) for _ in range(count)])
-            finally:
-                rows.close()
-            consumed = list(consumed)
-            for split, count in zip(plan.splits, plan.counts_after(head), strict=True):
-                consumed[split] = count
-        dataset = self.current = self.dataset(epoch, plan.rank, plan.world_size, consumed)
+        rows = self.split_rows(epoch)[plan.splits.start : plan.splits.stop]
+        make = self.batch_maker()
+        if plan.num_workers == 0:
+            splits, positions = plan.reader_order(0)
+            reader = self.reader(rows[splits, positions], self.read_ahead_bytes)
+            for table in reader.batches(plan.sizes):
+                yield make(table)
+            return
+        if plan.num_workers > 1:
+            splits, positions = plan.head_order()
+            reader = self.reader(rows[splits, positions], self.read_ahead_bytes)
+            for table in reader.batches(_cut(len(splits), plan.batch_size)):
+                yield make(table)
+        orders = [plan.reader_order(worker) for worker in range(plan.num_workers)]
+        dataset = ReaderDataset(
+            self,
+            [rows[splits, positions] for splits, positions in orders],
+            plan.batch_size,
+            self.read_ahead_bytes // plan.num_workers,
+        )
+        loader = DataLoader(
+            dataset,
+            batch_size=None,
+            num_workers=plan.num_workers,
+            collate_fn=_as_sent,
+            multiprocessing_context=worker_context(self.multiprocessing_context),
+        )
         try:
-            yield from self.loader(dataset, plan.batch_size, plan.num_workers)
+            for item in loader:
+                yield make.finish(self.types.to_batch(item)) if self.transform is None else item
         except (RuntimeError, ConnectionError, EOFError) as exc:
             # A dead worker surfaces as torch's RuntimeError, or as a broken connection
             # when it dies while handing over a batch's shared memory.
-            if not plan.num_workers or (
-                isinstance(exc, RuntimeError) and "DataLoader worker" not in str(exc)
-            ):
+            if isinstance(exc, RuntimeError) and "DataLoader worker" not in str(exc):
                 raise
             raise RuntimeError(
                 f"a DataLoader worker of rank {plan.rank} died while reading table"
@@ -221,28 +231,66 @@ class LanceSource:
                 " with trainer.fit(..., ckpt_path=<last checkpoint>)"
             ) from exc
 
+    def __getstate__(self) -> dict[str, Any]:
+        # workers reopen the table themselves: lance handles are not picklable
+        state = dict(self.__dict__)
+        del state["table"]
+        return state
 
-def pipeline_options(
-    read_ahead_rows: int, read_batch_size: int | None, splits_per_reader: int
-) -> dict[str, int]:
-    """lancedb pipeline settings that keep about ``read_ahead_rows`` rows requested.
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.table = self.opener()
 
-    A reader (the main process, or each worker) serves ``splits_per_reader`` splits; each
-    gets an equal share of the read-ahead, read in batches of up to 1,024 rows (lancedb's
-    reads are CPU-bound and cost per call, so larger reads are much cheaper per row), with
-    at most 4 reads in flight per split (lancedb's default). One transform thread: the
-    transform only turns columns into numpy arrays, and on few cores more threads compete
-    with the reads.
+
+class ReaderDataset(IterableDataset):
+    """What each DataLoader worker runs: its rows, read under its share of the budget.
+
+    Worker ``k`` cuts its rows into batches of ``batch_size`` (its last may be short),
+    the DataLoader model of :func:`lightning_stream.plan.worker_rows`. Without a
+    ``transform`` a batch leaves the worker in numpy form and becomes tensors in the
+    main process (:meth:`ColumnTypes.to_wire`); with one, the transform runs here and its
+    output crosses as torch pickles it.
     """
-    per_split = max(1, read_ahead_rows // splits_per_reader)
-    batch = read_batch_size or min(1024, per_split)
-    depth = min(4, max(1, per_split // batch))
-    return {
-        "read_batch_size": batch,
-        "io_queue_depth": depth,
-        "transform_queue_depth": depth,
-        "transform_parallelism": 1,
-    }
+
+    def __init__(
+        self, source: LanceSource, row_ids: list[np.ndarray], batch_size: int, budget: int
+    ) -> None:
+        self.source = source
+        self.row_ids = row_ids
+        self.batch_size = batch_size
+        self.budget = budget
+
+    def __iter__(self) -> Iterator[Any]:
+        worker = get_worker_info()
+        index = 0 if worker is None else worker.id
+        ids = self.row_ids[index]
+        source = self.source
+        reader = source.reader(ids, self.budget, reader=index + 1)
+        make = source.batch_maker()
+        for table in reader.batches(_cut(len(ids), self.batch_size)):
+            yield make(table) if source.transform is not None else source.types.to_wire(table)
+
+
+def _as_sent(batch: Any) -> Any:
+    # the DataLoader's default would turn the numpy form into tensors in the worker
+    return batch
+
+
+def _cut(rows: int, batch_size: int) -> list[int]:
+    full, rest = divmod(rows, batch_size)
+    return [batch_size] * full + ([rest] if rest else [])
+
+
+def _split_rows(table: Any, *, split_len: int, **options: Any) -> np.ndarray:
+    # Only this dataset's permutation table is used: lancedb's own split assignment,
+    # built once in its constructor.
+    splits = StreamingDataset(table, rank=0, world_size=1, **options)._perm_table.to_arrow()
+    split_ids = splits.column("split_id").to_numpy()
+    row_ids = splits.column("row_id").to_numpy().astype(np.int64)
+    order = np.argsort(split_ids, kind="stable")
+    split_ids, row_ids = split_ids[order], row_ids[order]
+    starts = np.searchsorted(split_ids, np.arange(options["num_splits"]))
+    return np.stack([row_ids[start : start + split_len] for start in starts])
 
 
 def worker_context(method: str) -> multiprocessing.context.BaseContext:

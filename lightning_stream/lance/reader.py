@@ -1,0 +1,153 @@
+"""Rows of a LanceDB table read in a given order, with the bytes held bounded by a budget.
+
+A reading process (the main process, or one DataLoader worker) reads its rows in the
+order the plan gives, a few reads in flight on threads (lance's reads release the GIL).
+Everything it holds that training has not taken yet (reads in flight, at their estimated
+size, and rows read but not yet handed out as batches) counts against its byte budget:
+a read is only started when it fits. The row size is learnt from a first small read.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+IO_THREADS = 2
+FIRST_READ_ROWS = 16
+MAX_READ_ROWS = 1024
+
+ReadRows = Callable[[np.ndarray], pa.Table]
+
+
+class ReadCounters:
+    """Counters of every reading process of a rank, in one shared-memory tensor.
+
+    Row ``r`` belongs to reader ``r`` (0: the main process, ``k + 1``: worker ``k``); the
+    main process sums the rows, so the counters cover the workers too.
+    """
+
+    FIELDS = ("resident_bytes", "bytes_loaded", "rows_read")
+
+    def __init__(self, readers: int) -> None:
+        self.values = torch.zeros(readers, len(self.FIELDS), dtype=torch.int64).share_memory_()
+
+    def add(self, reader: int, field: str, amount: int) -> None:
+        self.values[reader, self.FIELDS.index(field)] += amount
+
+    def totals(self) -> dict[str, float]:
+        sums = self.values.sum(dim=0).tolist()
+        return dict(zip(self.FIELDS, map(float, sums), strict=True))
+
+
+def take_rows(table, columns: list[str] | None) -> ReadRows:
+    """A read of rows by row id that returns them in the order asked."""
+
+    def read(row_ids: np.ndarray) -> pa.Table:
+        query = table.take_row_ids(row_ids.tolist())
+        if columns is not None:
+            query = query.select(columns)
+        rows = query.with_row_id().to_arrow()
+        # lance returns the rows sorted by row id
+        got = rows.column("_rowid").to_numpy()
+        order = np.argsort(got, kind="stable")
+        where = order[np.searchsorted(got, row_ids, sorter=order)]
+        return rows.drop_columns(["_rowid"]).take(pa.array(where))
+
+    return read
+
+
+class BudgetedReader:
+    """Reads ``row_ids`` in order, holding at most ``budget`` bytes not yet handed out.
+
+    Args:
+        read: reads a sequence of row ids, returning them in that order.
+        row_ids: the rows, in serving order.
+        budget: bytes this reader may hold: reads in flight plus rows read and not yet
+            handed out. One read is always allowed, so a row larger than the budget is
+            still served.
+        counters: shared counters, updated under ``reader``'s row.
+        reader: this reader's row in ``counters``.
+    """
+
+    def __init__(
+        self,
+        read: ReadRows,
+        row_ids: np.ndarray,
+        budget: int,
+        counters: ReadCounters,
+        reader: int,
+    ) -> None:
+        self.read = read
+        self.row_ids = row_ids
+        self.budget = budget
+        self.counters = counters
+        self.reader = reader
+        self.row_bytes: float | None = None
+        self.held = 0
+
+    def _hold(self, amount: int) -> None:
+        self.held += amount
+        self.counters.add(self.reader, "resident_bytes", amount)
+
+    def _next_read_rows(self) -> int:
+        if self.row_bytes is None:
+            return FIRST_READ_ROWS
+        share = self.budget // (IO_THREADS + 1)
+        return int(min(MAX_READ_ROWS, max(1, share // max(1.0, self.row_bytes))))
+
+    def tables(self) -> Iterator[pa.Table]:
+        """The rows in order, as Arrow tables of one read each."""
+        pending: deque[tuple[Future, int]] = deque()
+        next_row = 0
+        total = len(self.row_ids)
+        with ThreadPoolExecutor(IO_THREADS, thread_name_prefix="lance-read") as pool:
+            try:
+                while next_row < total or pending:
+                    while next_row < total and len(pending) < IO_THREADS:
+                        if self.row_bytes is None and pending:
+                            break  # learn the row size before sizing more reads
+                        rows = min(self._next_read_rows(), total - next_row)
+                        estimate = int(rows * (self.row_bytes or 0))
+                        if pending and self.held + estimate > self.budget:
+                            break
+                        ids = self.row_ids[next_row : next_row + rows]
+                        pending.append((pool.submit(self.read, ids), estimate))
+                        self._hold(estimate)
+                        next_row += rows
+                    future, estimate = pending.popleft()
+                    table = future.result()
+                    size = table.nbytes
+                    self.row_bytes = size / max(1, table.num_rows)
+                    self._hold(size - estimate)
+                    self.counters.add(self.reader, "bytes_loaded", size)
+                    self.counters.add(self.reader, "rows_read", table.num_rows)
+                    try:
+                        yield table
+                    finally:
+                        self._hold(-size)
+            finally:
+                for future, estimate in pending:
+                    future.cancel()
+                    self._hold(-estimate)
+
+    def batches(self, sizes: Sequence[int]) -> Iterator[pa.Table]:
+        """The rows in order, cut into Arrow tables of ``sizes`` rows (zero-copy slices)."""
+        tables = self.tables()
+        buffered: list[pa.Table] = []
+        buffered_rows = 0
+        for size in sizes:
+            while buffered_rows < size:
+                table = next(tables)
+                buffered.append(table)
+                buffered_rows += table.num_rows
+            joined = pa.concat_tables(buffered) if len(buffered) > 1 else buffered[0]
+            yield joined.slice(0, size)
+            rest = joined.slice(size)
+            buffered = [rest] if rest.num_rows else []
+            buffered_rows -= size
+        tables.close()
