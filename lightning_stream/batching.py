@@ -1,4 +1,5 @@
-"""Columnar batches: a dict of column name to a tensor (rows along dim 0) or a list.
+"""Columnar batches: a dict of column name to a tensor or numpy array (rows along dim 0)
+or a list.
 
 The package cuts and joins batches at exact sample boundaries, which is how a rank
 shapes its rows into the number of steps every rank takes after an elastic resume.
@@ -9,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 Batch = dict[str, Any]
@@ -47,6 +49,8 @@ def _concat(parts: list[Batch]) -> Batch:
         values = [part[name] for part in parts]
         if isinstance(first, torch.Tensor):
             joined[name] = torch.cat(values)
+        elif isinstance(first, np.ndarray):
+            joined[name] = np.concatenate(values)
         else:
             joined[name] = [item for value in values for item in value]
     return joined

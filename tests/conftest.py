@@ -57,3 +57,16 @@ def table_dir(tmp_path_factory) -> Path:
     workdir = tmp_path_factory.mktemp("lance")
     make_table(str(workdir / "db"), ROWS)
     return workdir
+
+
+HEAVY_ROWS = 1_200
+
+
+@pytest.fixture(scope="session")
+def heavy_uri(tmp_path_factory) -> str:
+    """A table shaped like real training data: strings, 2 KB blobs, nulls, lists."""
+    from lightning_stream.lance.synthetic import make_heavy_table
+
+    uri = str(tmp_path_factory.mktemp("heavy") / "db")
+    make_heavy_table(uri, HEAVY_ROWS, blob_bytes=2_000, chunk=300)
+    return uri

@@ -1,0 +1,59 @@
+"""A table shaped like real training data, for tests and benchmarks."""
+
+from __future__ import annotations
+
+import lancedb
+import numpy as np
+import pyarrow as pa
+
+EMBEDDING_DIM = 512
+
+
+def heavy_rows(start: int, count: int, blob_bytes: int, seed: int = 0) -> pa.Table:
+    """Rows ``start .. start + count`` of the heavy table (deterministic per row range).
+
+    Columns: ``id``; ``caption`` (string); ``jpeg`` (binary, ``blob_bytes`` per row);
+    ``label`` (int64, every 10th row null); ``rare`` (int64, null in rows 3 and 7 only);
+    ``tokens`` (variable-length list of float32, 0 to 15 values; every 50th row null);
+    ``embedding`` (fixed-size list of 512 float32).
+    """
+    rng = np.random.default_rng(seed + start)
+    ids = np.arange(start, start + count, dtype=np.int64)
+    lengths = ids % 16
+    tokens = pa.ListArray.from_arrays(
+        pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)),
+        pa.array(rng.random(int(lengths.sum()), dtype=np.float32)),
+        mask=pa.array(ids % 50 == 1),
+    )
+    blobs = rng.integers(0, 256, size=(count, blob_bytes), dtype=np.uint8)
+    embedding = pa.FixedSizeListArray.from_arrays(
+        pa.array(rng.random(count * EMBEDDING_DIM, dtype=np.float32)), EMBEDDING_DIM
+    )
+    return pa.table(
+        {
+            "id": ids,
+            "caption": pa.array([f"row {i}" for i in ids]),
+            "jpeg": pa.array([row.tobytes() for row in blobs], type=pa.binary()),
+            "label": pa.array(ids % 7, mask=ids % 10 == 0),
+            "rare": pa.array(ids % 5, mask=np.isin(ids, [3, 7])),
+            "tokens": tokens,
+            "embedding": embedding,
+        }
+    )
+
+
+def make_heavy_table(
+    uri: str, rows: int, *, blob_bytes: int = 20_000, name: str = "heavy", chunk: int = 2_000
+) -> int:
+    """Write ``rows`` heavy rows to table ``name`` at ``uri``; returns the bytes written."""
+    db = lancedb.connect(uri)
+    table = None
+    written = 0
+    for start in range(0, rows, chunk):
+        part = heavy_rows(start, min(chunk, rows - start), blob_bytes)
+        written += part.nbytes
+        if table is None:
+            table = db.create_table(name, part, mode="overwrite")
+        else:
+            table.add(part)
+    return written
