@@ -14,6 +14,7 @@ _PUBLIC = {
     "LanceDataModule": "lightning_stream.lance.datamodule",
     "LoaderMonitor": "lightning_stream.monitor",
     "StreamStateCallback": "lightning_stream.callback",
+    "VideoEpisodeDataModule": "lightning_stream.video.datamodule",
 }
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "LanceDataModule",
     "LoaderMonitor",
     "StreamStateCallback",
+    "VideoEpisodeDataModule",
     "__version__",
 ]
 
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from lightning_stream.checkpoint_io import AtomicCheckpointIO
     from lightning_stream.lance.datamodule import LanceDataModule
     from lightning_stream.monitor import LoaderMonitor
+    from lightning_stream.video.datamodule import VideoEpisodeDataModule
 
 
 def __getattr__(name: str):

@@ -8,6 +8,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Checkpoint
 
 from lightning_stream.callback import StreamStateCallback
+from lightning_stream.checkpoint_load import name_load_errors
 from lightning_stream.stream import ResumableStream
 
 log = logging.getLogger(__name__)
@@ -44,13 +45,17 @@ class StreamingDataModule(pl.LightningDataModule):
         self._attach_callback()
 
     def _attach_callback(self) -> None:
-        """Add a StreamStateCallback to the trainer when the user did not.
+        """Add a StreamStateCallback to the trainer when the user did not, and have the
+        strategy name a checkpoint file that fails to load.
 
         Without it a resume would silently restart the epoch. It goes before the
         checkpoint callbacks so a batch is counted before a checkpoint saved at its end.
         """
         trainer = self.trainer
-        if trainer is None or any(isinstance(c, StreamStateCallback) for c in trainer.callbacks):
+        if trainer is None:
+            return
+        name_load_errors(trainer.strategy)
+        if any(isinstance(c, StreamStateCallback) for c in trainer.callbacks):
             return
         position = next(
             (i for i, c in enumerate(trainer.callbacks) if isinstance(c, Checkpoint)),

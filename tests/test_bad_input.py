@@ -1,8 +1,14 @@
 """Every bad input gives one clear error that names the argument and what to change."""
 
+import subprocess
+import sys
+
 import pytest
 
 from lightning_stream import LanceDataModule
+from lightning_stream.demo import arguments, run
+
+from .conftest import ENV
 
 
 def make(table_dir, **options):
@@ -65,3 +71,56 @@ def test_validation_rows_are_split_across_ranks_without_repeats(table_dir):
     ids = [i for batch in dm.val_dataloader() for i in batch["id"].tolist()]
     assert sorted(ids) == list(range(40))
     assert ids == sorted(ids), "validation is read in storage order"
+
+
+def test_empty_table_says_it_is_empty(tmp_path):
+    import lancedb
+    import pyarrow as pa
+
+    lancedb.connect(str(tmp_path)).create_table("empty", schema=pa.schema([("id", pa.int64())]))
+    dm = LanceDataModule(str(tmp_path), "empty", num_splits=2, batch_size=2)
+    with pytest.raises(ValueError, match=r"table 'empty' in .* is empty"):
+        dm.setup("fit")
+
+
+def test_missing_uri_is_named_and_nothing_is_created(tmp_path):
+    missing = tmp_path / "no-such-db"
+    dm = LanceDataModule(str(missing), "samples", num_splits=2, batch_size=2)
+    with pytest.raises(ValueError, match=r"uri='.*no-such-db' does not exist"):
+        dm.setup("fit")
+    assert not missing.exists()
+
+
+def test_unpicklable_transform_with_workers_is_named_at_setup(table_dir):
+    dm = make(table_dir, num_workers=2, transform=lambda batch: batch)
+    with pytest.raises(ValueError, match=r"transform=<function .*<lambda>.* cannot be sent"):
+        dm.setup("fit")
+
+
+UNGUARDED = """
+from lightning_stream import LanceDataModule
+dm = LanceDataModule({uri!r}, "samples", num_splits=12, batch_size=4, num_workers=2)
+dm.setup("fit")
+"""
+
+
+def test_script_without_main_guard_gets_a_hint(table_dir, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED.format(uri=str(table_dir / "db")))
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=ENV
+    )
+    assert result.returncode != 0
+    assert 'under if __name__ == "__main__":' in result.stderr
+    assert str(script) in result.stderr
+
+
+def test_truncated_checkpoint_is_named(table_dir, tmp_path):
+    out = tmp_path / "run"
+    argv = ["--uri", str(table_dir / "db"), "--ledger-dir", str(out / "ledger")]
+    run(arguments().parse_args([*argv, "--ckpt-dir", str(out / "ckpt"), "--save-at", "4"]))
+    ckpt = out / "ckpt" / "step=4.ckpt"
+    ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
+    args = [*argv, "--ckpt-dir", str(out / "again"), "--ckpt-path", str(ckpt)]
+    with pytest.raises(ValueError, match=r"checkpoint '.*step=4.ckpt' cannot be read .* truncated"):
+        run(arguments().parse_args(args))

@@ -13,6 +13,7 @@ from lightning_stream.batching import Batch
 from lightning_stream.datamodule import StreamingDataModule
 from lightning_stream.lance.source import LanceSource
 from lightning_stream.plan import check_topology
+from lightning_stream.workers import check_main_guard, check_picklable
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,9 @@ class LanceDataModule(StreamingDataModule):
     def setup(self, stage: str) -> None:
         _, world_size = self._rank_and_world()
         check_topology(self.num_splits, world_size, self.num_workers)
+        if self.num_workers:
+            check_picklable(self.transform, "transform")
+            check_main_guard()
         if stage == "fit":
             source = self._source(self.table, self.filter, self.shuffle, self.version)
             self._check_rows(source, "filter", self.filter)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,12 @@ class TableOpener:
 
 def open_table(uri: str, name: str, version: int | None) -> tuple[Any, TableOpener]:
     """Open ``name`` in the database at ``uri`` at ``version`` (``None``: the latest)."""
+    if "://" not in uri and not os.path.isdir(uri):
+        # lancedb.connect would create an empty database there
+        raise ValueError(
+            f"uri={uri!r} does not exist; pass the directory of an existing LanceDB"
+            " database (nothing was created)"
+        )
     db = lancedb.connect(uri)
     try:
         table = db.open_table(name)

@@ -1,0 +1,55 @@
+"""Checks made before DataLoader workers start, so a mistake is one clear error."""
+
+from __future__ import annotations
+
+import ast
+import pickle
+import sys
+from typing import Any
+
+
+def check_picklable(value: Any, argument: str) -> None:
+    """Raise ``ValueError`` naming ``argument`` when workers could not receive ``value``."""
+    try:
+        pickle.dumps(value)
+    except Exception as exc:
+        raise ValueError(
+            f"{argument}={value!r} cannot be sent to DataLoader worker processes ({exc});"
+            f" define {argument} as a module-level function or a class instance (not a"
+            " lambda or a local function), or use num_workers=0"
+        ) from exc
+
+
+def check_main_guard() -> None:
+    """Raise ``RuntimeError`` when the ``__main__`` script runs its code unguarded.
+
+    Workers started with spawn or forkserver import the main script again; without an
+    ``if __name__ == "__main__":`` guard they would start training themselves and
+    Python would stop them with a bootstrapping error that does not say why.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is None or not path.endswith(".py"):
+        return  # an interactive session or a frozen entry point: nothing to read
+    try:
+        with open(path, encoding="utf-8") as file:
+            tree = ast.parse(file.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return
+    if not any(_is_main_guard(node) for node in tree.body) and _runs_code(tree):
+        raise RuntimeError(
+            f"{path} starts training at module level and uses DataLoader workers, which"
+            " import the script again in each worker process. Put the code that runs"
+            ' (building the Trainer, calling fit) under if __name__ == "__main__":, or'
+            " use num_workers=0"
+        )
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    return isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+
+
+def _runs_code(tree: ast.Module) -> bool:
+    return any(
+        isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) for node in tree.body
+    )
