@@ -1,6 +1,7 @@
 """LanceDataModule's loader next to hand-written lancedb loaders, measured in one run.
 
-    python benchmarks/bench_lance.py     # 200k rows x (16 float32 + int64 label + int64 id)
+    python benchmarks/bench_lance.py          # 200k rows x (16 float32 + int64 label + id)
+    python benchmarks/bench_lance.py --heavy  # 50k rows of ~22 KB: see lance_heavy.py
 
 Each configuration runs in a fresh process that has imported Lightning (as a training
 process has), on the same table, ``--rounds`` times interleaved; the best round counts.
@@ -152,28 +153,6 @@ def measure_fit(uri: str, batch_size: int) -> dict:
     return {"steady_rows_per_s": model.rows / (model.last - model.first)}
 
 
-def read_ahead(uri: str, batch_size: int, steps: int = 60, step_s: float = 0.01) -> None:
-    """How far lancedb reads ahead of a consumer slower than the reads (10 ms a step)."""
-    from lightning_stream import LanceDataModule
-
-    dm = LanceDataModule(uri, "bench", num_splits=NUM_SPLITS, batch_size=batch_size)
-    dm.setup("fit")
-    batches = iter(dm.train_dataloader())
-    with PeakRss() as rss:
-        for _ in range(steps):
-            next(batches)
-            time.sleep(step_s)
-        dataset = dm.stream.source.current
-        split_rows = dm.stream.source.split_len * NUM_SPLITS
-        requested = split_rows - dataset.unscanned_rows
-    consumed = steps * batch_size
-    print(
-        f"slow consumer ({steps} steps of {step_s * 1000:.0f} ms): {consumed} rows consumed,"
-        f" {requested} requested from lancedb ({requested - consumed} ahead, of"
-        f" {split_rows} in the epoch); peak RSS {rss.peak:.0f} MB"
-    )
-
-
 def run_one(config: str, uri: str, batch_size: int) -> None:
     import lightning.pytorch  # noqa: F401  (a training process has Lightning imported)
 
@@ -197,17 +176,21 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--slow-consumer", action="store_true", help=read_ahead.__doc__)
+    parser.add_argument(
+        "--heavy", action="store_true", help="memory and speed on a >= 1 GB table of heavy rows"
+    )
+    parser.add_argument("--heavy-rows", type=int, default=50_000)
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--uri", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         run_one(args.one, args.uri, args.batch_size)
         return
-    if args.slow_consumer:
+    if args.heavy:
+        import lance_heavy
+
         with tempfile.TemporaryDirectory() as tmp:
-            make_table(str(Path(tmp) / "db"), args.rows)
-            read_ahead(str(Path(tmp) / "db"), args.batch_size)
+            lance_heavy.main(args.heavy_rows, Path(tmp))
         return
     best: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:

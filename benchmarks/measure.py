@@ -6,22 +6,44 @@ import os
 import threading
 
 
-def tree_rss_mb() -> float:
-    """Resident memory of this process and all its descendants, from /proc."""
-    total, pending = 0, [os.getpid()]
+def _tree() -> list[int]:
+    """This process and all its descendants."""
+    found, pending = [], [os.getpid()]
     while pending:
         pid = pending.pop()
+        found.append(pid)
         try:
-            with open(f"/proc/{pid}/status") as status:
-                for line in status:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
             for task in os.listdir(f"/proc/{pid}/task"):
                 with open(f"/proc/{pid}/task/{task}/children") as children:
                     pending.extend(int(child) for child in children.read().split())
         except (FileNotFoundError, ProcessLookupError):
             continue
-    return total / 1024
+    return found
+
+
+def _field_kb(path: str, field: str) -> int:
+    try:
+        with open(path) as lines:
+            for line in lines:
+                if line.startswith(field):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0
+
+
+def tree_rss_mb() -> float:
+    """Resident memory of this process and all its descendants, from /proc."""
+    return sum(_field_kb(f"/proc/{pid}/status", "VmRSS:") for pid in _tree()) / 1024
+
+
+def tree_memory_mb() -> tuple[float, float]:
+    """RSS and PSS of the process tree. RSS counts a shared page in every process that
+    maps it (each worker's copy of torch's libraries, say); PSS splits it between them."""
+    pids = _tree()
+    rss = sum(_field_kb(f"/proc/{pid}/status", "VmRSS:") for pid in pids)
+    pss = sum(_field_kb(f"/proc/{pid}/smaps_rollup", "Pss:") for pid in pids)
+    return rss / 1024, pss / 1024
 
 
 class PeakRss:

@@ -1,0 +1,268 @@
+"""``bench_lance.py --heavy``: memory and speed on a table shaped like real training data.
+
+The table (written by the benchmark, ``--heavy-rows`` rows, about 22 KB each): a string,
+a 20 KB binary ``jpeg``, two nullable ints, a variable-length float list and a 512-float
+embedding (``lightning_stream.lance.synthetic``). Batch 64, 48 splits. Every
+configuration runs in a fresh process; the machines are shared and noisy, so the report
+is ratios of figures measured side by side in one run.
+
+1. Memory: ``Trainer.fit`` for one epoch with a 20 ms ``training_step`` (slower than the
+   reads), at 0 and 2 workers and the default ``read_ahead_bytes``. The process tree's
+   memory is sampled every 100 ms, as RSS (shared pages counted in every process that
+   maps them, so each worker's imported libraries count again) and as PSS (shared pages
+   split between the processes that map them). Reported: the table's size, the memory
+   after the first batch, at 10/50/90% of the epoch and at its peak, and the peak of the
+   loader's ``resident_bytes`` counter (summed over the workers).
+2. Speed: one epoch as fast as the loader goes: ``LanceDataModule`` at 0 and 2 workers
+   next to raw ``lancedb.streaming.StreamingDataLoader`` at its defaults (rows as Python
+   dicts; batches are the list of rows, since torch's default collate fails on the
+   nulls) at 0 and 2 workers. Rows/s over the whole epoch and after the
+   first batch (for 2 workers, once they are up) and over the epoch's second half.
+3. Binary column under ``Trainer``: the median time of a step with a no-op
+   ``training_step`` over 64 heavy rows (batch start to batch start, less the time spent
+   waiting for the loader, so Lightning's own work: hooks, the device transfer), with
+   and without the ``jpeg`` column.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from measure import tree_memory_mb
+
+NUM_SPLITS = 48
+BATCH = 64
+STEP_S = 0.02
+
+
+def _module(uri: str, workers: int, **options):
+    from lightning_stream import LanceDataModule
+
+    return LanceDataModule(
+        uri, "heavy", num_splits=NUM_SPLITS, batch_size=BATCH, num_workers=workers, **options
+    )
+
+
+def _trainer(**options):
+    import lightning.pytorch as pl
+
+    return pl.Trainer(
+        accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, **options,
+    )  # fmt: skip
+
+
+def memory(uri: str, workers: int) -> dict:
+    import threading
+
+    import lightning.pytorch as pl
+    import torch
+
+    dm = _module(uri, workers)
+    samples: list[tuple[int, float, float, float]] = []  # step, rss, pss, resident_bytes
+    state = {"step": 0, "done": False}
+
+    def sample() -> None:
+        while not state["done"]:
+            rss, pss = tree_memory_mb()
+            counters = dm.stream.counters() if dm.stream is not None else {}
+            samples.append((state["step"], rss, pss, counters.get("resident_bytes", 0.0)))
+            time.sleep(0.1)
+
+    class Slow(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.anchor = torch.nn.Parameter(torch.zeros(1))
+
+        def training_step(self, batch, batch_idx):
+            state["step"] = batch_idx + 1
+            time.sleep(STEP_S)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    trainer = _trainer()
+    trainer.fit(Slow(), datamodule=dm)
+    state["done"] = True
+    sampler.join()
+    steps = trainer.num_training_batches
+    after_first = [s for s in samples if s[0] >= 1]
+
+    def at(fraction: float) -> tuple[float, float]:
+        point = next(s for s in after_first if s[0] >= fraction * steps)
+        return point[1], point[2]
+
+    return {
+        "steps": steps,
+        "first_batch": after_first[0][1:3],
+        "p10": at(0.1),
+        "p50": at(0.5),
+        "p90": at(0.9),
+        "peak": (max(s[1] for s in after_first), max(s[2] for s in after_first)),
+        "resident_mb": max(s[3] for s in samples) / 2**20,
+    }
+
+
+def raw_collate(rows: list[dict]) -> dict:
+    """The rows as lancedb hands them over (torch's default collate fails on nulls)."""
+    return {"id": [row["id"] for row in rows], "rows": rows}
+
+
+def speed(uri: str, kind: str, workers: int) -> dict:
+    if kind == "raw":
+        import lancedb
+        from lancedb.streaming import StreamingDataLoader, StreamingDataset
+
+        start = time.perf_counter()
+        table = lancedb.connect(uri).open_table("heavy")
+        dataset = StreamingDataset(table, num_splits=NUM_SPLITS, shuffle_seed=0)
+        loader = StreamingDataLoader(
+            dataset,
+            batch_size=BATCH,
+            num_workers=workers,
+            collate_fn=raw_collate,
+            multiprocessing_context="forkserver" if workers else None,
+        )
+    else:
+        start = time.perf_counter()
+        dm = _module(uri, workers)
+        dm.setup("fit")
+        loader = dm.train_dataloader()
+    stamps = [(time.perf_counter(), len(batch["id"])) for batch in loader]
+    times = [start] + [t for t, _ in stamps]
+    rows = [0, *itertools.accumulate(n for _, n in stamps)]
+    half = len(stamps) // 2
+
+    def rate(begin: int) -> float:
+        return (rows[-1] - rows[begin]) / (times[-1] - times[begin])
+
+    return {"rows_per_s": rate(0), "after_first": rate(1), "second_half": rate(half)}
+
+
+def binary_step(uri: str, with_jpeg: bool) -> dict:
+    import lightning.pytorch as pl
+    import torch
+
+    columns = ["id", "caption", "label", "rare", "tokens", "embedding"]
+    dm = _module(uri, 0, columns=[*columns, "jpeg"] if with_jpeg else columns)
+    times: list[float] = []
+
+    class NoOp(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.anchor = torch.nn.Parameter(torch.zeros(1))
+            self.last = None
+
+        def on_train_batch_start(self, batch, batch_idx):
+            # the step's own time: from one batch to the next, less the loader's wait
+            now = time.perf_counter()
+            if self.last is not None:
+                times.append(now - self.last - dm.stream.last_wait)
+            self.last = now
+
+        def training_step(self, batch, batch_idx):
+            return None
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    _trainer(max_steps=200).fit(NoOp(), datamodule=dm)
+    return {"median_step_ms": statistics.median(times) * 1000}
+
+
+def run_one(config: str, uri: str) -> dict:
+    import lightning.pytorch  # noqa: F401  (a training process has Lightning imported)
+
+    what, *rest = config.split(":")
+    if what == "memory":
+        return memory(uri, int(rest[0]))
+    if what == "speed":
+        return speed(uri, rest[0], int(rest[1]))
+    return binary_step(uri, rest[0] == "jpeg")
+
+
+CONFIGS = [
+    "memory:0",
+    "memory:2",
+    "speed:module:0",
+    "speed:raw:0",
+    "speed:module:2",
+    "speed:raw:2",
+    "binary:jpeg",
+    "binary:none",
+]
+
+
+def main(rows: int, workdir: Path) -> None:
+    from lightning_stream.lance.synthetic import make_heavy_table
+
+    uri = str(workdir / "db")
+    started = time.perf_counter()
+    make_heavy_table(uri, rows)
+    size = sum(f.stat().st_size for f in Path(uri).rglob("*") if f.is_file()) / 1e9
+    print(
+        f"heavy table: {rows} rows, {size:.2f} GB on disk ({time.perf_counter() - started:.0f} s)"
+    )
+    results = {}
+    for config in CONFIGS:
+        command = [sys.executable, __file__, config, uri]
+        output = subprocess.run(command, capture_output=True, text=True, check=False)
+        line = next((x for x in output.stdout.splitlines() if x.startswith("RESULT ")), None)
+        if line is None:
+            raise RuntimeError(f"{config} failed:\n{output.stderr[-4000:]}")
+        results[config] = json.loads(line.removeprefix("RESULT "))
+        print(f"{config:<16} {json.dumps(results[config])}", flush=True)
+    report(results)
+
+
+def report(results: dict) -> None:
+    print("\nmemory, one epoch with a 20 ms step (MB of the process tree, RSS / PSS)")
+    for workers in (0, 2):
+        r = results[f"memory:{workers}"]
+        base_rss, base_pss = r["first_batch"]
+        curve = "  ".join(f"{p} {r[p][0]:.0f}/{r[p][1]:.0f}" for p in ("p10", "p50", "p90"))
+        print(
+            f"  {workers} workers: after 1st batch {base_rss:.0f}/{base_pss:.0f}  {curve}"
+            f"  peak {r['peak'][0]:.0f}/{r['peak'][1]:.0f}"
+        )
+        print(
+            f"    peak above the 1st batch: RSS {(r['peak'][0] - base_rss) / 1024:.2f} GB,"
+            f" PSS {(r['peak'][1] - base_pss) / 1024:.2f} GB; 90% / 10%:"
+            f" RSS {r['p90'][0] / r['p10'][0]:.2f}, PSS {r['p90'][1] / r['p10'][1]:.2f};"
+            f" resident_bytes counter peak {r['resident_mb']:.0f} MB"
+        )
+    module0, module2 = results["speed:module:0"], results["speed:module:2"]
+    raw0, raw2 = results["speed:raw:0"], results["speed:raw:2"]
+    print("\nspeed, one epoch, no step (rows/s: whole epoch / after the 1st batch / 2nd half)")
+    named = {"module 0w": module0, "raw 0w": raw0, "module 2w": module2, "raw 2w": raw2}
+    for name, r in named.items():
+        rates = (r["rows_per_s"], r["after_first"], r["second_half"])
+        print(f"  {name:<10}" + "".join(f" {rate:>8.0f}" for rate in rates))
+    spans = {
+        "whole epoch": "rows_per_s",
+        "after the 1st batch": "after_first",
+        "second half": "second_half",
+    }
+    for label, key in spans.items():
+        print(
+            f"  {label}: module 2w / module 0w {module2[key] / module0[key]:.2f};"
+            f" module 2w / raw 2w {module2[key] / raw2[key]:.2f};"
+            f" module 0w / raw 0w {module0[key] / raw0[key]:.2f}"
+        )
+    jpeg, none = results["binary:jpeg"]["median_step_ms"], results["binary:none"]["median_step_ms"]
+    print(
+        f"\nno-op Trainer step, 64 heavy rows: {jpeg:.2f} ms with jpeg, {none:.2f} ms without"
+        f" ({jpeg - none:+.2f} ms)"
+    )
+
+
+if __name__ == "__main__":
+    print("RESULT " + json.dumps(run_one(sys.argv[1], sys.argv[2])))
