@@ -11,7 +11,7 @@ import numpy as np
 
 from lightning_stream.batching import Batch
 from lightning_stream.datamodule import StreamingDataModule
-from lightning_stream.lance.source import LanceSource
+from lightning_stream.lance.source import LanceSource, start_forkserver
 from lightning_stream.plan import check_topology
 from lightning_stream.workers import check_main_guard, check_picklable
 
@@ -137,6 +137,7 @@ class LanceDataModule(StreamingDataModule):
         if self.num_workers:
             check_picklable(self.transform, "transform")
             check_main_guard()
+            start_forkserver(self.multiprocessing_context)
         if stage == "fit":
             source = self._source(self.table, self.filter, self.shuffle, self.version)
             self._check_rows(source, "filter", self.filter)

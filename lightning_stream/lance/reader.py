@@ -20,6 +20,9 @@ import torch
 IO_THREADS = 2
 FIRST_READ_ROWS = 16
 MAX_READ_ROWS = 1024
+# Reads of heavy rows are capped in bytes too: past a few MB a read is no cheaper per row,
+# and every byte of it is held (twice, while lance's rows are put back in order).
+READ_BYTES = 8 * 2**20
 
 ReadRows = Callable[[np.ndarray], pa.Table]
 
@@ -52,6 +55,11 @@ def take_rows(table, columns: list[str] | None) -> ReadRows:
         if columns is not None:
             query = query.select(columns)
         rows = query.with_row_id().to_arrow()
+        if rows.num_rows != len(row_ids):
+            raise RuntimeError(
+                f"lance returned {rows.num_rows} of {len(row_ids)} rows asked for: rows of the"
+                " pinned table version are gone (its files changed or were deleted)"
+            )
         # lance returns the rows sorted by row id
         got = rows.column("_rowid").to_numpy()
         order = np.argsort(got, kind="stable")
@@ -97,8 +105,8 @@ class BudgetedReader:
     def _next_read_rows(self) -> int:
         if self.row_bytes is None:
             return FIRST_READ_ROWS
-        share = self.budget // (IO_THREADS + 1)
-        return int(min(MAX_READ_ROWS, max(1, share // max(1.0, self.row_bytes))))
+        read_bytes = min(READ_BYTES, self.budget // (IO_THREADS + 1))
+        return int(min(MAX_READ_ROWS, max(1, read_bytes // max(1.0, self.row_bytes))))
 
     def tables(self) -> Iterator[pa.Table]:
         """The rows in order, as Arrow tables of one read each."""
