@@ -18,6 +18,7 @@ clamped to the episode's edge and flagged as padding.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -97,10 +98,13 @@ def frame_offsets(key: str, deltas: Sequence[float], fps: float, tolerance_s: fl
     """Frame offsets of ``delta_timestamps[key]`` (seconds); off-grid deltas raise."""
     off_grid = [d for d in deltas if abs(d * fps - round(d * fps)) / fps > tolerance_s]
     if off_grid:
-        nearest = [round(d * fps) / fps for d in off_grid]
+        between = ", ".join(
+            f"{d:g} s lies between frames at {math.floor(d * fps) / fps:.4f} and"
+            f" {math.ceil(d * fps) / fps:.4f} s"
+            for d in off_grid
+        )
         raise ValueError(
             f"delta_timestamps[{key!r}] has {off_grid}, not multiples of 1/{fps:g} s (the"
-            f" dataset's fps grid) within tolerance_s={tolerance_s:g}; the nearest frames are"
-            f" at {nearest} s"
+            f" dataset's fps grid) within tolerance_s={tolerance_s:g}: {between}"
         )
     return np.asarray([round(d * fps) for d in deltas], dtype=np.int64)
