@@ -104,6 +104,16 @@ def test_skip_mode_warns_counts_and_serves_the_rest_of_the_epoch_intact(damaged)
     assert all(names_damage(str(w.message), mp4) for w in warned)
 
 
+def test_a_batch_whose_every_window_is_skipped_is_not_handed_out(damaged):
+    workdir, _ = damaged
+    dm = make(workdir / "db", workdir, on_decode_error="skip", batch_size=1)
+    dm.setup("fit")
+    with pytest.warns(DamagedVideoWarning):
+        sizes = [len(batch["index"]) for batch in dm.train_dataloader()]
+    assert set(sizes) == {1}
+    assert len(sizes) == sum(LENGTHS) - dm.stream.counters()["skipped_windows"]
+
+
 def test_skipped_windows_stay_consumed_across_a_resume_and_reach_the_logger(damaged):
     workdir, _ = damaged
     flags = ["--video", "--sidecar-dir", str(workdir / "sidecars"), "--on-decode-error", "skip"]
