@@ -15,6 +15,11 @@ import torch
 
 Batch = dict[str, Any]
 
+# A source may mark rows it could not produce (e.g. windows of a damaged video) with a
+# non-empty reason in this column: they travel as placeholders, so batches are still cut
+# at the plan's row boundaries, and are dropped just before the batch is handed out.
+SKIP_REASON = "_skip_reason"
+
 
 def batch_len(batch: Mapping[str, Any]) -> int:
     """Rows in a columnar batch (the length of its first column)."""
@@ -90,3 +95,17 @@ def rechunk(chunks: Iterable[Batch], sizes: Iterable[int]) -> Iterator[Batch]:
                 wanted = 0
         pending_rows -= size
         yield _concat(parts)
+
+
+def drop_skipped(batch: Batch) -> Batch:
+    """``batch`` without the rows marked in its ``SKIP_REASON`` column, nor that column."""
+    reasons = batch.get(SKIP_REASON)
+    if reasons is None:
+        return batch
+    keep = [i for i, reason in enumerate(reasons) if not reason]
+    index = torch.tensor(keep, dtype=torch.long)
+    return {
+        name: value[index] if isinstance(value, torch.Tensor) else [value[i] for i in keep]
+        for name, value in batch.items()
+        if name != SKIP_REASON
+    }

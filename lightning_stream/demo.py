@@ -120,6 +120,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--monitor", action="store_true", help="LoaderMonitor + CSV logger")
     parser.add_argument("--video", action="store_true", help="--uri is a LeRobot v3 dataset")
     parser.add_argument("--sidecar-dir")
+    parser.add_argument("--on-decode-error", default="raise", help="video: 'raise' or 'skip'")
     return parser
 
 
@@ -139,6 +140,7 @@ def datamodule(args: argparse.Namespace) -> pl.LightningDataModule:
             num_workers=args.workers,
             shuffle_seed=args.shuffle_seed,
             sidecar_dir=args.sidecar_dir,
+            on_decode_error=args.on_decode_error,
         )
     return LanceDataModule(
         args.uri,

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from lightning_stream.batching import Batch, batch_len, rechunk
+from lightning_stream.batching import Batch, batch_len, drop_skipped, rechunk
 from lightning_stream.plan import RankEpochPlan, full_epoch_steps
 from lightning_stream.state import StreamState, check_identity
 
@@ -139,10 +139,26 @@ class ResumableStream:
         return run
 
     def batches(self, run: _EpochRun) -> Iterator[Batch]:
+        """The epoch's batches. Rows the source skipped count as consumed with the batch
+        they were cut into, so a resume never serves them again; a batch left with no row
+        is not handed out, its rows count with the next batch."""
         chunks = self.source.chunks(self.state.epoch, list(self.state.consumed), run.plan)
-        for batch in rechunk(chunks, run.plan.sizes):
+        carried = 0
+        for planned in rechunk(chunks, run.plan.sizes):
+            batch = drop_skipped(planned)
+            rows = carried + batch_len(planned)
+            if not batch_len(batch):
+                if self.world_size > 1:
+                    raise RuntimeError(
+                        f"every row of a batch of rank {self.rank} was skipped by the source;"
+                        " this rank would take fewer steps than the others (DDP needs the"
+                        " same count): raise batch_size, or repair the data"
+                    )
+                carried = rows
+                continue
+            carried = 0
             if self.tracking and run is self._run:
-                run.in_flight.append(batch_len(batch))
+                run.in_flight.append(rows)
             yield batch
 
     def commit_batch(self, last_batch: bool) -> None:

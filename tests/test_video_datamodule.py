@@ -35,8 +35,6 @@ def expected_window(episode, frame, offsets):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_every_frame_is_the_one_it_claims_and_every_anchor_comes_once(dataset, workers):
-    if workers and "av1" in str(dataset):
-        pytest.skip("workers are covered on h264; AV1 decoding is covered without them")
     dm = make(dataset, num_workers=workers)
     dm.setup("fit")
     anchors = collections.Counter()

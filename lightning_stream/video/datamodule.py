@@ -24,13 +24,15 @@ def default_sidecar_dir() -> Path:
 class VideoEpisodeDataModule(StreamingDataModule):
     """Windows of robot episodes (LeRobot dataset v3) with exact elastic resume.
 
-    A sample follows LeRobot's convention: every camera key gives a uint8 tensor
-    ``[T, C, H, W]`` (``T = len(delta_timestamps[key])``; ``[C, H, W]`` without deltas),
-    every per-frame Parquet feature its window (or its value at the anchor), ``<key>_is_pad``
-    bool masks for keys with deltas (frames outside the episode are clamped to its edge and
-    flagged), and ``episode_index``, ``frame_index``, ``index``, ``timestamp``,
-    ``task_index``, ``task``. Frames are decoded from byte ranges of the MP4s, located
+    A sample follows ``LeRobotDataset``'s (README, "LeRobot parity"): every camera key gives
+    ``[T, C, H, W]`` images (``T = len(delta_timestamps[key])``; ``[C, H, W]`` with one
+    delta or none), every per-frame Parquet feature its window (``[T, ...]``, also for one
+    delta) or its value at the anchor, ``<key>_is_pad`` bool masks for keys with deltas
+    (frames outside the episode are clamped to its edge and flagged), and
+    ``episode_index``, ``frame_index``, ``index``, ``timestamp``, ``task_index`` and
+    ``task`` (the task string). Frames are decoded from byte ranges of the MP4s, located
     through a sidecar index of each file, and checked against their presentation time.
+    :attr:`stats` holds ``meta/stats.json`` for policy normalisers.
 
     Each epoch every selected frame is an anchor exactly once (up to ``num_splits - 1``
     frames are left out so the splits are equal); resume follows the same contract as
@@ -41,26 +43,42 @@ class VideoEpisodeDataModule(StreamingDataModule):
         root: dataset root: a directory or any URI ``pyarrow.fs`` opens.
         delta_timestamps: per key (camera or Parquet feature), offsets in seconds of the
             window's frames around the anchor, e.g. ``{"observation.images.front":
-            [-0.1, 0.0]}``.
+            [-0.1, 0.0]}``. Each must be a multiple of ``1 / fps`` within ``tolerance_s``,
+            else ``ValueError`` (as LeRobot).
         num_splits: fixed splits of each epoch, balanced by frame count; keep it for the
             run. Must be divisible by ``world_size * max(1, num_workers)``.
         batch_size: samples per batch per process.
         num_workers: DataLoader workers per rank; default 0.
         shuffle_seed: seed of the episode order and each split's anchor order; default 0.
-        episodes: episode indices to train on; default ``None`` (all).
+        episodes: episode indices to train on; default ``None`` (all). An empty list raises
+            ``ValueError``.
         episode_pool_size: pieces of episodes resident per split (decoded once, reused by
             all their windows); default 2. Memory is about ``splits per reader x pool x
             decoded piece``.
         byte_budget_gb: compressed video payload a rank may hold, shared by its workers
             (each gets ``1 / max(1, num_workers)``); an episode whose payload alone is
             larger than a worker's share fails at setup. Default 1.0.
-        image_transforms: callable on each camera's uint8 tensor, in the worker; must be
-            picklable when ``num_workers > 0``. Default ``None``.
+        image_transforms: callable on each camera's images (of ``image_dtype``), in the
+            worker; must be picklable when ``num_workers > 0``. Default ``None``.
         sidecar_dir: cache of the MP4 sidecar indexes; default
             ``~/.cache/lightning-stream/sidecars``.
         sidecar_lock_timeout: seconds to wait for another process building a sidecar;
             default 600.
         multiprocessing_context: ``"forkserver"`` (default) or ``"spawn"``.
+        tolerance_s: how far (seconds) a delta may be off the fps grid; default ``1e-4``,
+            LeRobot's.
+        image_dtype: ``"uint8"`` (default: 0-255, a quarter of float32's memory and of the
+            bytes moved from workers and to the device; normalise there, e.g.
+            ``images.float() / 255``) or ``"float32"`` (in ``[0, 1]``, as LeRobot gives).
+        drop_n_last_frames: the last frames of each episode that are never anchors (still
+            in other anchors' windows), like LeRobot's ``EpisodeAwareSampler``; default 0.
+            Part of the run's identity: it changes the epoch's anchors.
+        on_decode_error: ``"raise"`` (default): a damaged packet raises
+            :class:`~lightning_stream.video.decode.DamagedVideoError` naming the MP4 file,
+            the episode and the frame's time. ``"skip"``: its windows are left out of
+            training with a ``DamagedVideoWarning`` naming them, counted in
+            ``loader/skipped_windows``; a skipped window counts as consumed, so a resume
+            does not serve it again and the rest of the epoch stays exactly once.
     """
 
     def __init__(
@@ -79,6 +97,10 @@ class VideoEpisodeDataModule(StreamingDataModule):
         sidecar_dir: str | None = None,
         sidecar_lock_timeout: float = 600.0,
         multiprocessing_context: str = "forkserver",
+        tolerance_s: float = 1e-4,
+        image_dtype: str = "uint8",
+        drop_n_last_frames: int = 0,
+        on_decode_error: str = "raise",
     ) -> None:
         super().__init__()
         for name, value in (("num_splits", num_splits), ("batch_size", batch_size),
@@ -89,10 +111,25 @@ class VideoEpisodeDataModule(StreamingDataModule):
             raise ValueError(
                 f"multiprocessing_context={multiprocessing_context!r}: use 'spawn' or 'forkserver'"
             )
+        if episodes is not None and not len(episodes):
+            raise ValueError(
+                "episodes=[] selects no episode: pass the episode indices to train on, or"
+                " episodes=None for all"
+            )
+        for name, value, allowed in (
+            ("image_dtype", image_dtype, ("uint8", "float32")),
+            ("on_decode_error", on_decode_error, ("raise", "skip")),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name}={value!r}: use one of {allowed}")
+        if not isinstance(drop_n_last_frames, int) or drop_n_last_frames < 0:
+            raise ValueError(
+                f"drop_n_last_frames must be a non-negative integer, got {drop_n_last_frames!r}"
+            )
         self.root = root if "://" in root else os.path.abspath(root)
         self.spec = VideoSpec(
             root=self.root,
-            episodes=tuple(episodes) if episodes else None,
+            episodes=tuple(episodes) if episodes is not None else None,
             delta_timestamps={k: tuple(float(d) for d in v) for k, v in delta_timestamps.items()},
             num_splits=num_splits,
             shuffle_seed=shuffle_seed,
@@ -100,7 +137,12 @@ class VideoEpisodeDataModule(StreamingDataModule):
             sidecar_dir=str(sidecar_dir or default_sidecar_dir()),
             lock_timeout=sidecar_lock_timeout,
             image_transforms=image_transforms,
+            tolerance_s=tolerance_s,
+            image_dtype=image_dtype,
+            drop_n_last_frames=drop_n_last_frames,
+            on_decode_error=on_decode_error,
         )
+        self.stats: dict[str, dict[str, torch.Tensor]] | None = None
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.byte_budget = int(byte_budget_gb * 2**30)
@@ -112,6 +154,7 @@ class VideoEpisodeDataModule(StreamingDataModule):
         _, world_size = self._rank_and_world()
         check_topology(self.spec.num_splits, world_size, self.num_workers)
         source = VideoSource(self.spec, self.multiprocessing_context)
+        self.stats = stats_tensors(source.reader.dataset.stats)
         self._check_keys(source)
         self._check_budget(source)
         log.info(
@@ -142,3 +185,14 @@ class VideoEpisodeDataModule(StreamingDataModule):
                     f"{self.byte_budget / 2**30:.2f} ({max(1, self.num_workers)} readers):"
                     " raise byte_budget_gb"
                 )
+
+
+def stats_tensors(stats: dict | None) -> dict[str, dict[str, torch.Tensor]] | None:
+    """``meta/stats.json`` as float32 tensors, ``{feature: {"mean": ..., "std": ...}}``: the
+    nested mapping LeRobot policies' normalisers take (``dataset.meta.stats``, there numpy)."""
+    if stats is None:
+        return None
+    return {
+        feature: {name: torch.tensor(value, dtype=torch.float32) for name, value in s.items()}
+        for feature, s in stats.items()
+    }

@@ -4,7 +4,10 @@ Only the packets from the keyframe at or before the first needed frame (in decod
 through the last needed one are read, in one range read, and fed to a codec context
 configured with the track's codec configuration (avcC, av1C); flushing the decoder at the
 end releases the frames B-frame reordering held back. Every returned frame is checked
-against the presentation timestamp it was asked for.
+against the presentation timestamp it was asked for. Damaged packets surface as
+:class:`DamagedVideoError` carrying the time (in the file) of the first frame they cost:
+the decoder rejects the packet (h264: a broken NAL length), or gives no frame for it
+(AV1). Damage the decoder conceals (wrong pixels, no error) cannot be detected here.
 """
 
 from __future__ import annotations
@@ -34,7 +37,25 @@ def decoder_name(codec: str) -> str:
 
 
 class FrameLookupError(ValueError):
-    """A requested time has no frame within the tolerance, or decoding missed a frame."""
+    """A requested time has no frame within the tolerance."""
+
+
+class DamagedVideoWarning(UserWarning):
+    """A window was skipped because its frames could not be decoded."""
+
+
+class DamagedVideoError(RuntimeError):
+    """Packets of a video cannot be decoded into the frames asked for.
+
+    Args:
+        message: what failed, naming the file.
+        seconds: time in the file of the first frame lost; ``None`` once the message
+            says it (the error crosses DataLoader workers as its message only).
+    """
+
+    def __init__(self, message: str, seconds: float | None = None) -> None:
+        super().__init__(message)
+        self.seconds = seconds
 
 
 def presentation_order(track: VideoTrack) -> np.ndarray:
@@ -103,11 +124,19 @@ def decode(read_at: ReadAt, track: VideoTrack, wanted: np.ndarray, name: str) ->
         begin = int(track.offset[i]) - start
         packet = av.Packet(payload[begin : begin + int(track.size[i])])
         packet.pts, packet.dts, packet.time_base = int(track.pts[i]), int(track.dts[i]), time_base
-        keep(context.decode(packet))
+        try:
+            keep(context.decode(packet))
+        except av.error.FFmpegError as exc:
+            raise DamagedVideoError(
+                f"{name}: packet {i} (bytes {int(track.offset[i])}+{int(track.size[i])}) cannot"
+                f" be decoded: {exc}",
+                seconds=float(track.pts[i]) / track.timescale,
+            ) from exc
     keep(context.decode(None))
     missing = [int(track.pts[wanted[i]]) for i, f in enumerate(frames) if f is None]
     if missing:
-        raise FrameLookupError(
-            f"{name}: decoding packets {first}..{last} gave no frame for pts {missing[:5]}"
+        raise DamagedVideoError(
+            f"{name}: decoding packets {first}..{last} gave no frame for pts {missing[:5]}",
+            seconds=min(missing) / track.timescale,
         )
     return frames

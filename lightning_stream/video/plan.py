@@ -10,12 +10,15 @@ next anchor of a random resident piece (anchors within a piece in a seeded rando
 a finished piece replaced by the split's next one. So the frames of few pieces are
 needed at a time, and each piece is fetched and decoded once per epoch.
 
-Windows: a ``delta`` in seconds becomes ``round(delta * fps)`` frames; a frame outside
-its episode is clamped to the episode's edge and flagged as padding.
+Windows: a ``delta`` in seconds must lie on the fps grid within ``tolerance_s`` (as
+LeRobot's ``check_delta_timestamps``: ``|delta * fps - round(delta * fps)| / fps <=
+tolerance_s``) and becomes ``round(delta * fps)`` frames; a frame outside its episode is
+clamped to the episode's edge and flagged as padding.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -91,6 +94,17 @@ def window(frame: int, length: int, offsets: np.ndarray) -> tuple[np.ndarray, np
     return clamped, clamped != wanted
 
 
-def frame_offsets(deltas: Sequence[float], fps: float) -> np.ndarray:
-    """Frame offsets of ``delta_timestamps`` (seconds)."""
+def frame_offsets(key: str, deltas: Sequence[float], fps: float, tolerance_s: float) -> np.ndarray:
+    """Frame offsets of ``delta_timestamps[key]`` (seconds); off-grid deltas raise."""
+    off_grid = [d for d in deltas if abs(d * fps - round(d * fps)) / fps > tolerance_s]
+    if off_grid:
+        between = ", ".join(
+            f"{d:g} s lies between frames at {math.floor(d * fps) / fps:.4f} and"
+            f" {math.ceil(d * fps) / fps:.4f} s"
+            for d in off_grid
+        )
+        raise ValueError(
+            f"delta_timestamps[{key!r}] has {off_grid}, not multiples of 1/{fps:g} s (the"
+            f" dataset's fps grid) within tolerance_s={tolerance_s:g}: {between}"
+        )
     return np.asarray([round(d * fps) for d in deltas], dtype=np.int64)

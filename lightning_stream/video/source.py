@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,10 +13,16 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
-from lightning_stream.batching import Batch
+from lightning_stream.batching import SKIP_REASON, Batch
 from lightning_stream.plan import RankEpochPlan
-from lightning_stream.video.decode import decode, decode_range, frames_at
-from lightning_stream.video.lerobot import ID_COLUMNS, Episode, open_dataset
+from lightning_stream.video.decode import (
+    DamagedVideoError,
+    DamagedVideoWarning,
+    decode,
+    decode_range,
+    frames_at,
+)
+from lightning_stream.video.lerobot import ID_COLUMNS, Episode, check_video_files, open_dataset
 from lightning_stream.video.mp4 import VideoTrack
 from lightning_stream.video.plan import anchor_order, cut_splits, frame_offsets, window
 from lightning_stream.video.sidecar import VideoFile, fingerprint, load_or_build
@@ -34,6 +41,10 @@ class VideoSpec:
     sidecar_dir: str
     lock_timeout: float
     image_transforms: Callable[[torch.Tensor], torch.Tensor] | None = None
+    tolerance_s: float = 1e-4
+    image_dtype: str = "uint8"
+    drop_n_last_frames: int = 0
+    on_decode_error: str = "raise"
 
 
 @dataclass
@@ -41,13 +52,17 @@ class _Resident:
     frames: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
     last: int = 0
     payload: int = 0
+    damaged: set[str] = field(default_factory=set)  # cameras decoded per window instead
 
 
 class EpisodeReader:
     """Builds the samples of one reading process (the main process or a worker).
 
     A split's resident pieces are decoded whole, once, when their first anchor is served
-    (one byte-range read per camera), and dropped after their last anchor.
+    (one byte-range read per camera), and dropped after their last anchor. With
+    ``on_decode_error="skip"``, a camera whose piece does not decode is decoded per window
+    instead, and a window that still fails is returned as a placeholder sample whose
+    ``SKIP_REASON`` says why (the stream drops it before ``training_step``).
     """
 
     def __init__(self, spec: VideoSpec) -> None:
@@ -65,9 +80,12 @@ class EpisodeReader:
             if values.dtype == object:
                 self.table[name] = np.stack(values).astype(np.float32)
         self.lengths = [e.length for e in self.dataset.episodes]
+        # frames that may be anchors: LeRobot's EpisodeAwareSampler(drop_n_last_frames)
+        self.anchor_lengths = [max(0, n - spec.drop_n_last_frames) for n in self.lengths]
         self.row_start = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
         self.offsets = {
-            key: frame_offsets(deltas, self.fps) for key, deltas in spec.delta_timestamps.items()
+            key: frame_offsets(key, deltas, self.fps, spec.tolerance_s)
+            for key, deltas in spec.delta_timestamps.items()
         }
         self.tracks: dict[str, VideoTrack] = {}
         self.files: dict[str, Any] = {}
@@ -83,9 +101,9 @@ class EpisodeReader:
         if epoch not in self.epoch_plans:
             self.epoch_plans = {
                 epoch: (
-                    cut_splits(self.lengths, self.spec.num_splits, self.spec.shuffle_seed, epoch)[
-                        0
-                    ],
+                    cut_splits(
+                        self.anchor_lengths, self.spec.num_splits, self.spec.shuffle_seed, epoch
+                    )[0],
                     {},
                 )
             }
@@ -123,27 +141,64 @@ class EpisodeReader:
         """The decoded frames of a piece (plus its windows' margins), from byte ranges."""
         episode = self.dataset.episodes[episode_slot]
         resident = _Resident()
-        frames = resident.frames
         for camera in self.dataset.cameras:
             offsets = self.offsets.get(camera, np.zeros(1, dtype=np.int64))
             first = max(0, start + int(offsets.min()))
             last = min(episode.length - 1, stop - 1 + int(offsets.max()))
-            needed = np.arange(first, last + 1)
-            relative, from_timestamp = episode.videos[camera]
-            track, handle = self._track(relative)
-            name = self.dataset.path(relative)
-            wanted = frames_at(track, from_timestamp + needed / self.fps, name, 0.5 / self.fps)
-
-            def read_at(offset: int, size: int, handle=handle) -> bytes:
-                self.bytes_loaded += size
-                resident.payload += size
-                return handle.read_at(size, offset)
-
-            for f, image in zip(needed.tolist(), decode(read_at, track, wanted, name), strict=True):
-                frames[camera, f] = torch.from_numpy(image).permute(2, 0, 1).contiguous()
-            first_packet, last_packet = decode_range(track, wanted)
-            self.frames_decoded += last_packet - first_packet + 1
+            try:
+                decoded = self._decode_frames(
+                    episode_slot, camera, np.arange(first, last + 1), resident
+                )
+            except DamagedVideoError:
+                if self.spec.on_decode_error == "raise":
+                    raise
+                resident.damaged.add(camera)
+                continue
+            resident.frames.update(((camera, f), image) for f, image in decoded.items())
         return resident
+
+    def _decode_frames(
+        self, episode_slot: int, camera: str, needed: np.ndarray, resident: _Resident | None
+    ) -> dict[int, torch.Tensor]:
+        """Frames ``needed`` of one episode's camera as ``[C, H, W]`` uint8 tensors.
+
+        Raises :class:`DamagedVideoError` naming the file, the episode and the time of the
+        first frame the damage costs."""
+        episode = self.dataset.episodes[episode_slot]
+        relative, from_timestamp = episode.videos[camera]
+        track, handle = self._track(relative)
+        name = self.dataset.path(relative)
+        wanted = frames_at(track, from_timestamp + needed / self.fps, name, 0.5 / self.fps)
+
+        def read_at(offset: int, size: int) -> bytes:
+            self.bytes_loaded += size
+            if resident is not None:
+                resident.payload += size
+            return handle.read_at(size, offset)
+
+        try:
+            images = decode(read_at, track, wanted, name)
+        except DamagedVideoError as exc:
+            damaged, at = self._episode_at(relative, camera, exc.seconds)
+            raise DamagedVideoError(
+                f"damaged video: episode {damaged}, camera {camera!r}, frame"
+                f" {round(at * self.fps)} at {at:.3f} s of the episode ({exc.seconds:.3f} s"
+                f" in the file): {exc}. Re-encode the file, leave the episode out"
+                " (episodes=[...]), or pass on_decode_error='skip'"
+            ) from exc
+        first_packet, last_packet = decode_range(track, wanted)
+        self.frames_decoded += last_packet - first_packet + 1
+        return {
+            f: torch.from_numpy(image).permute(2, 0, 1).contiguous()
+            for f, image in zip(needed.tolist(), images, strict=True)
+        }
+
+    def _episode_at(self, relative: str, camera: str, seconds: float) -> tuple[int, float]:
+        """The episode of ``relative`` shown at ``seconds`` in the file, and its own time."""
+        stored = [e for e in self.dataset.episodes if e.videos[camera][0] == relative]
+        starts = [e.videos[camera][1] for e in stored]
+        owner = stored[max(0, int(np.searchsorted(starts, seconds, side="right")) - 1)]
+        return owner.index, seconds - owner.videos[camera][1]
 
     # -- samples -------------------------------------------------------------------
     def sample(self, epoch: int, split: int, position: int) -> dict[str, Any]:
@@ -156,25 +211,49 @@ class EpisodeReader:
             self.resident[key].last = int(last[slot])
         resident = self.resident[key]
         frame = int(frame_of[position])
-        sample = self._assemble(piece.episode, frame, resident.frames)
+        sample = self._assemble(piece.episode, frame, resident)
         if position >= resident.last:
             del self.resident[key]
         return sample
 
-    def _assemble(self, episode_slot: int, frame: int, frames: dict) -> dict[str, Any]:
+    def _camera_window(
+        self, episode_slot: int, camera: str, frames: np.ndarray, resident: _Resident
+    ) -> torch.Tensor:
+        """``[T, C, H, W]`` uint8 frames of one camera's window."""
+        if camera in resident.damaged:
+            decoded = self._decode_frames(episode_slot, camera, np.unique(frames), None)
+            return torch.stack([decoded[int(f)] for f in frames])
+        return torch.stack([resident.frames[camera, int(f)] for f in frames])
+
+    def _assemble(self, episode_slot: int, frame: int, resident: _Resident) -> dict[str, Any]:
         episode = self.dataset.episodes[episode_slot]
         row = int(self.row_start[episode_slot]) + frame
         sample: dict[str, Any] = {}
+        skip_reason = ""
         for camera in self.dataset.cameras:
             if camera in self.offsets:
-                clamped, pad = window(frame, episode.length, self.offsets[camera])
-                images = torch.stack([frames[camera, int(f)] for f in clamped])
+                frames, pad = window(frame, episode.length, self.offsets[camera])
                 sample[f"{camera}_is_pad"] = torch.from_numpy(pad)
             else:
-                images = frames[camera, frame]
+                frames = np.asarray([frame])
+            try:
+                images = self._camera_window(episode_slot, camera, frames, resident)
+            except DamagedVideoError as exc:
+                skip_reason = (
+                    f"on_decode_error='skip': skipped the window of episode {episode.index} at"
+                    f" frame {frame} ({frame / self.fps:.3f} s): {exc}"
+                )
+                track, _ = self._track(episode.videos[camera][0])
+                images = torch.zeros(len(frames), 3, track.height, track.width, dtype=torch.uint8)
+            if len(frames) == 1:
+                images = images[0]  # one frame: [C, H, W], as LeRobot squeezes it
+            if self.spec.image_dtype == "float32":
+                images = images.float().div_(255)
             if self.spec.image_transforms is not None:
                 images = self.spec.image_transforms(images)
             sample[camera] = images
+        if self.spec.on_decode_error == "skip":
+            sample[SKIP_REASON] = skip_reason
         for column in self.columns:
             values = self.table[column]
             if column in self.offsets:
@@ -249,8 +328,10 @@ class VideoSource:
         self.spec = spec
         self.multiprocessing_context = multiprocessing_context
         self.reader = EpisodeReader(spec)
+        check_video_files(self.reader.dataset)
         self.num_splits = spec.num_splits
-        total = sum(self.reader.lengths)
+        self.skipped_windows = 0
+        total = sum(self.reader.anchor_lengths)
         self.split_len = total // spec.num_splits
         self.dropped = total % spec.num_splits
         self.manifest = self._manifest()
@@ -279,6 +360,7 @@ class VideoSource:
             "shuffle_seed": spec.shuffle_seed,
             "delta_timestamps": {k: list(v) for k, v in spec.delta_timestamps.items()},
             "episode_pool_size": spec.pool_size,
+            "drop_n_last_frames": spec.drop_n_last_frames,
         }
 
     def pin(self, identity: dict[str, Any]) -> None:
@@ -297,18 +379,32 @@ class VideoSource:
             ]
             # the head's pieces are finished by the workers: do not keep them here
             self.reader.resident.clear()
-            for start in range(0, len(rows), plan.batch_size):
-                yield default_collate(rows[start : start + plan.batch_size])
+            yield from self._note_skips(
+                default_collate(rows[start : start + plan.batch_size])
+                for start in range(0, len(rows), plan.batch_size)
+            )
         stream = _ReaderStream(self.spec, epoch, plan, head_done=head_here)
         if plan.num_workers == 0:
             stream.reader = self.reader
-        yield from DataLoader(
-            stream,
-            batch_size=plan.batch_size,
-            num_workers=plan.num_workers,
-            collate_fn=default_collate,
-            multiprocessing_context=self.multiprocessing_context if plan.num_workers else None,
+        yield from self._note_skips(
+            DataLoader(
+                stream,
+                batch_size=plan.batch_size,
+                num_workers=plan.num_workers,
+                collate_fn=default_collate,
+                multiprocessing_context=self.multiprocessing_context if plan.num_workers else None,
+            )
         )
 
+    def _note_skips(self, batches: Iterable[Batch]) -> Iterator[Batch]:
+        """Warn about, and count, the skipped windows of each batch (in the main process,
+        whichever process decoded them, so the logger sees the count)."""
+        for batch in batches:
+            for reason in batch.get(SKIP_REASON, ()):
+                if reason:
+                    self.skipped_windows += 1
+                    warnings.warn(reason, DamagedVideoWarning, stacklevel=2)
+            yield batch
+
     def counters(self) -> dict[str, float]:
-        return self.reader.counters()
+        return {**self.reader.counters(), "skipped_windows": self.skipped_windows}

@@ -82,6 +82,7 @@ def write_dataset(
     files = [list(range(i, min(i + episodes_per_file, len(lengths))))
              for i in range(0, len(lengths), episodes_per_file)]  # fmt: skip
     episode_rows = []
+    columns: dict[str, list] = {"action": [], "observation.state": []}
     for file_index, members in enumerate(files):
         frames = [int(starts[e]) + f for e in members for f in range(lengths[e])]
         for camera in cameras:
@@ -100,6 +101,8 @@ def write_dataset(
                 rows["task_index"].append(e % 2)
                 rows["action"].append([float(index), float(e)])
                 rows["observation.state"].append([float(index), float(f), 0.5])
+        for name, values in columns.items():
+            values.extend(rows[name])
         table = pa.table(rows)
         path = root / f"data/chunk-000/file-{file_index:03d}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -140,4 +143,17 @@ def write_dataset(
         "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4",
     }  # fmt: skip
     (meta / "info.json").write_text(json.dumps(info, indent=2))
+    (meta / "stats.json").write_text(json.dumps(feature_stats(columns), indent=2))
     return root
+
+
+def feature_stats(columns: dict[str, list]) -> dict[str, dict[str, list[float]]]:
+    """Per-dimension statistics as LeRobot keeps them in ``meta/stats.json``."""
+    stats = {}
+    for name, values in columns.items():
+        array = np.asarray(values, dtype=np.float64)
+        stats[name] = {
+            "mean": array.mean(0).tolist(), "std": array.std(0).tolist(),
+            "min": array.min(0).tolist(), "max": array.max(0).tolist(), "count": [len(array)],
+        }  # fmt: skip
+    return stats
