@@ -105,7 +105,9 @@ def drop_skipped(batch: Batch) -> Batch:
     keep = [i for i, reason in enumerate(reasons) if not reason]
     index = torch.tensor(keep, dtype=torch.long)
     return {
-        name: value[index] if isinstance(value, torch.Tensor) else [value[i] for i in keep]
+        name: value[index]
+        if isinstance(value, torch.Tensor | np.ndarray)
+        else [value[i] for i in keep]
         for name, value in batch.items()
         if name != SKIP_REASON
     }
