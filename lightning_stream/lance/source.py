@@ -17,13 +17,11 @@ from lancedb.streaming import StreamingDataset
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lightning_stream.batching import Batch
-from lightning_stream.lance import _lancedb_fixes
 from lightning_stream.lance.columns import BatchMaker, ColumnTypes
 from lightning_stream.lance.reader import BudgetedReader, ReadCounters, take_rows
 from lightning_stream.plan import RankEpochPlan
 
 log = logging.getLogger(__name__)
-_lancedb_fixes.apply()
 
 
 @dataclass(frozen=True)
