@@ -122,6 +122,16 @@ def build_sidecars(root: str, cache_dir: Path | None, lock_timeout: float) -> in
     return 0
 
 
+def _key_values(pairs: list[str]) -> dict[str, str] | None:
+    options = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key:
+            raise SystemExit("--storage-option: write each as KEY=VALUE (one has no '=')")
+        options[key] = value
+    return options or None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lightning-stream", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -130,8 +140,16 @@ def main(argv: list[str] | None = None) -> int:
     run_inspect = commands.add_parser(
         "inspect", help="print a checkpoint's data provenance (tensors are not read)"
     )
-    run_inspect.add_argument("checkpoint", type=Path)
+    run_inspect.add_argument("checkpoint", help="a local path or an fsspec URL (s3://...)")
     run_inspect.add_argument("--json", action="store_true", help="machine-readable output")
+    run_inspect.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="object-store option for a remote checkpoint, with lancedb's names (e.g."
+        " aws_endpoint=http://127.0.0.1:9000); default: the AWS_* environment variables",
+    )
     run_sidecars = commands.add_parser("build-sidecar", help=build_sidecars.__doc__)
     run_sidecars.add_argument("root", help="LeRobot v3 dataset root (directory or URI)")
     run_sidecars.add_argument("--cache-dir", type=Path, help="default ~/.cache/lightning-stream")
@@ -144,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     from lightning_stream.inspect import render
 
     try:
-        print(render(args.checkpoint, args.json))
-    except (FileNotFoundError, ValueError) as exc:
+        print(render(args.checkpoint, args.json, _key_values(args.storage_option)))
+    except (FileNotFoundError, ValueError, OSError) as exc:
         print(f"lightning-stream inspect: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -11,6 +11,7 @@ from lightning_stream.batching import Batch
 from lightning_stream.datamodule import StreamingDataModule
 from lightning_stream.lance.source import LanceSource, count_rows, pipeline_options
 from lightning_stream.plan import check_topology
+from lightning_stream.storage import check_options
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,12 @@ class LanceDataModule(StreamingDataModule):
         multiprocessing_context: start method of the workers, ``"forkserver"`` (default;
             workers start about a quarter faster than with spawn here) or ``"spawn"``.
             ``"fork"`` is refused: lancedb crashes in forked workers.
+        storage_options: object-store options for ``lancedb.connect`` (and every worker's
+            reopen), e.g. ``{"aws_access_key_id": ..., "aws_secret_access_key": ...,
+            "aws_region": ..., "aws_endpoint": ..., "allow_http": "true"}``; default
+            ``None`` (lance reads the ``AWS_*`` environment variables). They are never
+            written to checkpoints, logs or error messages: the stream's identity holds
+            ``uri`` only.
     """
 
     def __init__(
@@ -92,8 +99,10 @@ class LanceDataModule(StreamingDataModule):
         read_ahead_rows: int = 32768,
         read_batch_size: int | None = None,
         multiprocessing_context: str = "forkserver",
+        storage_options: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
+        check_options(storage_options)
         _check_positive(num_splits=num_splits, batch_size=batch_size)
         _check_positive(read_ahead_rows=read_ahead_rows)
         if read_batch_size is not None:
@@ -126,6 +135,7 @@ class LanceDataModule(StreamingDataModule):
         self.read_ahead_rows = read_ahead_rows
         self.read_batch_size = read_batch_size
         self.multiprocessing_context = multiprocessing_context
+        self.storage_options = storage_options
         self._val: LanceSource | None = None
 
     def setup(self, stage: str) -> None:
@@ -165,6 +175,7 @@ class LanceDataModule(StreamingDataModule):
                 self.read_ahead_rows, self.read_batch_size, splits_per_reader
             ),
             multiprocessing_context=self.multiprocessing_context,
+            storage_options=self.storage_options,
         )
         if self.columns is not None:
             names = source.table.schema.names

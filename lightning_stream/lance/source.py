@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import lancedb
@@ -15,6 +15,7 @@ from lightning_stream.batching import Batch
 from lightning_stream.lance import _lancedb_fixes
 from lightning_stream.lance.columns import ColumnarCollate, record_batch_rows
 from lightning_stream.plan import RankEpochPlan
+from lightning_stream.storage import storage_error
 
 log = logging.getLogger(__name__)
 _lancedb_fixes.apply()
@@ -27,19 +28,30 @@ class TableOpener:
     uri: str
     name: str
     version: int
+    # credentials: out of repr (and so out of logs and errors)
+    storage_options: dict[str, str] | None = field(default=None, repr=False, compare=False)
 
     def __call__(self, name: str | None = None) -> Any:
-        table = lancedb.connect(self.uri).open_table(name or self.name)
+        db = lancedb.connect(self.uri, storage_options=self.storage_options)
+        table = db.open_table(name or self.name)
         table.checkout(self.version)
         return table
 
 
-def open_table(uri: str, name: str, version: int | None) -> tuple[Any, TableOpener]:
-    """Open ``name`` in the database at ``uri`` at ``version`` (``None``: the latest)."""
-    db = lancedb.connect(uri)
+def open_table(
+    uri: str, name: str, version: int | None, storage_options: dict[str, str] | None = None
+) -> tuple[Any, TableOpener]:
+    """Open ``name`` in the database at ``uri`` at ``version`` (``None``: the latest).
+
+    An object store that cannot be reached raises
+    :class:`~lightning_stream.storage.StorageError` naming ``uri`` and the option to set.
+    """
     try:
+        db = lancedb.connect(uri, storage_options=storage_options)
         table = db.open_table(name)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        if "was not found" not in str(exc):
+            raise storage_error(uri, exc, storage_options) from None
         tables = list(db.table_names())
         raise ValueError(
             f"table={name!r} not found in uri={uri!r} (tables there: {tables}); pass the"
@@ -56,7 +68,7 @@ def open_table(uri: str, name: str, version: int | None) -> tuple[Any, TableOpen
             ) from exc
     else:
         table.checkout(latest)
-    return table, TableOpener(uri, name, table.version)
+    return table, TableOpener(uri, name, table.version, storage_options)
 
 
 class LanceSource:
@@ -84,6 +96,7 @@ class LanceSource:
         transform: Callable[[Batch], Batch] | None,
         pipeline: dict[str, int],
         multiprocessing_context: str,
+        storage_options: dict[str, str] | None = None,
     ) -> None:
         self.uri = uri
         self.name = table
@@ -97,10 +110,11 @@ class LanceSource:
         self.multiprocessing_context = multiprocessing_context
         self.collate = ColumnarCollate(transform)
         self.current: StreamingDataset | None = None
+        self.storage_options = storage_options
         self._open(version)
 
     def _open(self, version: int | None) -> None:
-        self.table, self.opener = open_table(self.uri, self.name, version)
+        self.table, self.opener = open_table(self.uri, self.name, version, self.storage_options)
         self.rows = count_rows(self.table, self.filter, self.uri, self.name)
         self.split_len = self.rows // self.num_splits
 

@@ -7,10 +7,18 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import torch
 
 from lightning_stream.datamodule import StreamingDataModule
 from lightning_stream.plan import check_topology
+from lightning_stream.storage import (
+    StorageError,
+    check_options,
+    is_remote,
+    pyarrow_filesystem,
+    storage_error,
+)
 from lightning_stream.video.source import VideoSource, VideoSpec
 
 log = logging.getLogger(__name__)
@@ -61,6 +69,14 @@ class VideoEpisodeDataModule(StreamingDataModule):
         sidecar_lock_timeout: seconds to wait for another process building a sidecar;
             default 600.
         multiprocessing_context: ``"forkserver"`` (default) or ``"spawn"``.
+        storage_options: object-store options for an ``s3://`` root, with lancedb's names
+            (``aws_access_key_id``, ``aws_secret_access_key``, ``aws_session_token``,
+            ``aws_region``, ``aws_endpoint``, ``allow_http``), mapped onto
+            ``pyarrow.fs.S3FileSystem``; default ``None`` (pyarrow reads the ``AWS_*``
+            environment variables). Never written to checkpoints, logs or errors.
+        filesystem: a ready ``pyarrow.fs.FileSystem`` holding ``root`` (then ``root`` is a
+            path on it; a ``scheme://`` prefix is dropped), for stores or settings that
+            ``storage_options`` does not cover; default ``None``.
     """
 
     def __init__(
@@ -79,8 +95,13 @@ class VideoEpisodeDataModule(StreamingDataModule):
         sidecar_dir: str | None = None,
         sidecar_lock_timeout: float = 600.0,
         multiprocessing_context: str = "forkserver",
+        storage_options: dict[str, str] | None = None,
+        filesystem: pafs.FileSystem | None = None,
     ) -> None:
         super().__init__()
+        check_options(storage_options)
+        if storage_options and filesystem is not None:
+            raise ValueError("pass storage_options or filesystem, not both")
         for name, value in (("num_splits", num_splits), ("batch_size", batch_size),
                             ("episode_pool_size", episode_pool_size)):  # fmt: skip
             if not isinstance(value, int) or value <= 0:
@@ -89,7 +110,9 @@ class VideoEpisodeDataModule(StreamingDataModule):
             raise ValueError(
                 f"multiprocessing_context={multiprocessing_context!r}: use 'spawn' or 'forkserver'"
             )
-        self.root = root if "://" in root else os.path.abspath(root)
+        remote = "://" in root or filesystem is not None
+        self.root = root if remote else os.path.abspath(root)
+        self.storage_options = storage_options
         self.spec = VideoSpec(
             root=self.root,
             episodes=tuple(episodes) if episodes else None,
@@ -100,6 +123,7 @@ class VideoEpisodeDataModule(StreamingDataModule):
             sidecar_dir=str(sidecar_dir or default_sidecar_dir()),
             lock_timeout=sidecar_lock_timeout,
             image_transforms=image_transforms,
+            filesystem=pyarrow_filesystem(self.root, storage_options, filesystem)[0],
         )
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -111,7 +135,12 @@ class VideoEpisodeDataModule(StreamingDataModule):
             return
         _, world_size = self._rank_and_world()
         check_topology(self.spec.num_splits, world_size, self.num_workers)
-        source = VideoSource(self.spec, self.multiprocessing_context)
+        try:
+            source = VideoSource(self.spec, self.multiprocessing_context)
+        except OSError as exc:
+            if not is_remote(self.root) or isinstance(exc, StorageError):
+                raise
+            raise storage_error(self.root, exc, self.storage_options) from None
         self._check_keys(source)
         self._check_budget(source)
         log.info(

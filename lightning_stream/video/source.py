@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.fs as pafs
 import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
@@ -34,6 +35,8 @@ class VideoSpec:
     sidecar_dir: str
     lock_timeout: float
     image_transforms: Callable[[torch.Tensor], torch.Tensor] | None = None
+    # holds credentials: out of repr (logs, errors); pickled only to DataLoader workers
+    filesystem: pafs.FileSystem | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -52,7 +55,8 @@ class EpisodeReader:
 
     def __init__(self, spec: VideoSpec) -> None:
         self.spec = spec
-        self.dataset = open_dataset(spec.root, list(spec.episodes) if spec.episodes else None)
+        episodes = list(spec.episodes) if spec.episodes else None
+        self.dataset = open_dataset(spec.root, episodes, spec.filesystem)
         self.fps = self.dataset.fps
         columns = [k for k, v in self.dataset.features.items() if v.get("dtype") != "video"]
         self.columns = [c for c in columns if c not in ID_COLUMNS]
