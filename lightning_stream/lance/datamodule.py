@@ -11,7 +11,7 @@ from lightning_stream.batching import Batch
 from lightning_stream.datamodule import StreamingDataModule
 from lightning_stream.lance.source import LanceSource, count_rows, pipeline_options
 from lightning_stream.plan import check_topology
-from lightning_stream.storage import check_options
+from lightning_stream.storage import check_options, is_remote
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +205,13 @@ class LanceDataModule(StreamingDataModule):
             )
 
     def _report_layout(self, source: LanceSource, world_size: int) -> None:
+        if is_remote(self.uri) and self.shuffle and self.shuffle_clump_size is None:
+            log.warning(
+                "%s is on an object store and rows are shuffled one by one: each read of"
+                " scattered rows fetches whole pages, about 100x the table's bytes per epoch"
+                " (README, Object stores); set shuffle_clump_size (e.g. 4096) to read runs",
+                self.uri,
+            )
         surplus = source.rows % self.num_splits
         log.info(
             "%s: %d rows in %d splits of %d; %d surplus rows per epoch are left out",
