@@ -8,8 +8,7 @@ import time
 from lightning_stream import ledger
 from lightning_stream.inspect import read_stream_record
 
-from .conftest import ENV, ROOT, assert_exact, train
-from .conftest import train_command as command_for
+from .conftest import ENV, ROOT, assert_exact, train, train_command
 from .s3_server import free_port
 
 KILL_AFTER = 16  # an epoch is 40 steps: 240 rows, 2 processes, batch 3
@@ -23,7 +22,7 @@ def last_step(ledger_dir):
 
 
 def test_two_nodes_killed_mid_epoch_resume_exactly_on_one_node_of_two_devices(table_dir):
-    out, command = command_for(
+    out, command = train_command(
         table_dir, "nodes", "--num-nodes", "2", "--devices", "1", "--save-every", "4",
         "--max-epochs", "1",
     )  # fmt: skip
