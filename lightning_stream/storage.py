@@ -80,11 +80,9 @@ def _hint(message: str) -> str:
     lower = message.lower()
     if "nosuchbucket" in lower or "bucket does not exist" in lower:
         return "the bucket does not exist: create it, or fix the bucket name in the URI"
-    if any(
-        word in lower
-        for word in ("credential", "invalidaccesskeyid", "signaturedoesnotmatch", "accessdenied",
-                     "forbidden", "403")
-    ):  # fmt: skip
+    refused = ("credential", "invalidaccesskeyid", "signaturedoesnotmatch", "accessdenied",
+               "forbidden")  # fmt: skip
+    if any(word in lower for word in refused) or re.search(r"\b403\b", lower):
         return (
             "the credentials were missing or refused: set storage_options"
             " 'aws_access_key_id' and 'aws_secret_access_key' (plus 'aws_session_token' for"

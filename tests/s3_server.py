@@ -3,8 +3,10 @@
 ``python tests/s3_server.py PORT`` serves moto's S3 with one addition: it counts the
 response body bytes of every GET (object reads, range reads and listings alike) and
 reports the total at ``GET /_bytes_served`` (``DELETE`` resets it), so a benchmark can
-measure what a reader fetched on the server side. :class:`S3Server` starts it as a
-subprocess in its own process group and kills the group on :meth:`S3Server.stop`.
+measure what a reader fetched on the server side; ``GET /_whole_gets`` lists the objects
+read by a GET without a ``Range`` header (whole objects, not range reads).
+:class:`S3Server` starts it as a subprocess in its own process group and kills the group
+on :meth:`S3Server.stop`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ ACCESS_KEY = "lightning-stream-test"
 SECRET_KEY = "lightning-stream-test-secret"
 REGION = "us-east-1"
 BYTES_PATH = "/_bytes_served"
+WHOLE_GETS_PATH = "/_whole_gets"
 
 
 def free_port() -> int:
@@ -103,6 +106,11 @@ class S3Server:
         with urllib.request.urlopen(request, timeout=5) as response:
             return int(response.read())
 
+    def whole_object_gets(self) -> list[str]:
+        """Paths of the objects read whole (a GET without ``Range``) since the start."""
+        with urllib.request.urlopen(self.endpoint + WHOLE_GETS_PATH, timeout=5) as response:
+            return response.read().decode().split()
+
     def create_bucket(self, name: str) -> None:
         import boto3
 
@@ -135,10 +143,15 @@ def _serve(port: int) -> None:
 
     app = DomainDispatcherApplication(create_backend_app)
     served = [0]
+    whole: list[str] = []
     lock = threading.Lock()
 
     def counting(environ, start_response):
-        if environ.get("PATH_INFO") == BYTES_PATH:
+        path = environ.get("PATH_INFO", "")
+        if path == WHOLE_GETS_PATH:
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return ["\n".join(whole).encode()]
+        if path == BYTES_PATH:
             if environ["REQUEST_METHOD"] == "DELETE":
                 with lock:
                     served[0] = 0
@@ -150,6 +163,8 @@ def _serve(port: int) -> None:
         chunks = list(body)
         with lock:
             served[0] += sum(len(chunk) for chunk in chunks)
+            if "HTTP_RANGE" not in environ and not environ.get("QUERY_STRING"):
+                whole.append(path)
         return chunks
 
     run_simple("127.0.0.1", port, counting, threaded=True, request_handler=MotoRequestHandler)

@@ -13,6 +13,7 @@ import torch
 
 from lightning_stream import LanceDataModule, ledger
 from lightning_stream.demo import make_table
+from lightning_stream.inspect import render
 from lightning_stream.storage import StorageError, fsspec_options
 from lightning_stream.video.datamodule import VideoEpisodeDataModule
 from lightning_stream.video.synthetic import write_dataset
@@ -97,6 +98,8 @@ def test_killed_run_resumes_exactly_from_an_s3_checkpoint_and_leaks_no_secret(s3
     )  # fmt: skip
     assert inspected.returncode == 0, inspected.stderr[-2000:]
     assert TABLE.encode() in inspected.stdout
+    shown = render(last, False, s3.storage_options(SECRET))  # options, not the environment
+    assert TABLE in shown and SECRET not in shown
 
     import fsspec
 
@@ -162,5 +165,6 @@ def test_lerobot_dataset_on_s3_gives_every_anchor_once(s3, tmp_path_factory, wor
     )  # fmt: skip
     dm.setup("fit")
     assert len(list(sidecars.rglob("*.arrow"))) == len(list(local.rglob("*.mp4")))
+    assert not [p for p in s3.whole_object_gets() if p.endswith(".mp4")], "range reads only"
     counts = collections.Counter(int(i) for batch in dm.train_dataloader() for i in batch["index"])
     assert sorted(counts) == list(range(sum(LENGTHS))) and set(counts.values()) == {1}
