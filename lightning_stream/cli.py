@@ -103,13 +103,19 @@ def demo(workdir: Path) -> int:
     return 0 if exact else 1
 
 
-def build_sidecars(root: str, cache_dir: Path | None, lock_timeout: float) -> int:
+def build_sidecars(
+    root: str,
+    cache_dir: Path | None,
+    lock_timeout: float,
+    storage_options: dict[str, str] | None = None,
+) -> int:
     """Index every MP4 of a LeRobot v3 dataset into the sidecar cache."""
+    from lightning_stream.storage import pyarrow_filesystem
     from lightning_stream.video.datamodule import default_sidecar_dir
     from lightning_stream.video.lerobot import open_dataset
     from lightning_stream.video.sidecar import VideoFile, load_or_build, sidecar_path
 
-    dataset = open_dataset(root)
+    dataset = open_dataset(root, fs=pyarrow_filesystem(root, storage_options)[0])
     cache = cache_dir or default_sidecar_dir()
     files = sorted({path for e in dataset.episodes for path, _ in e.videos.values()})
     key = root if "://" in root else os.path.abspath(root)
@@ -142,23 +148,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     run_inspect.add_argument("checkpoint", help="a local path or an fsspec URL (s3://...)")
     run_inspect.add_argument("--json", action="store_true", help="machine-readable output")
-    run_inspect.add_argument(
-        "--storage-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="object-store option for a remote checkpoint, with lancedb's names (e.g."
-        " aws_endpoint=http://127.0.0.1:9000); default: the AWS_* environment variables",
-    )
+
     run_sidecars = commands.add_parser("build-sidecar", help=build_sidecars.__doc__)
     run_sidecars.add_argument("root", help="LeRobot v3 dataset root (directory or URI)")
     run_sidecars.add_argument("--cache-dir", type=Path, help="default ~/.cache/lightning-stream")
     run_sidecars.add_argument("--lock-timeout", type=float, default=600.0)
+    for command in (run_inspect, run_sidecars):
+        command.add_argument(
+            "--storage-option",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="object-store option, with lancedb's names (e.g."
+            " aws_endpoint=http://127.0.0.1:9000); default: the AWS_* environment variables",
+        )
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo(args.workdir.resolve())
     if args.command == "build-sidecar":
-        return build_sidecars(args.root, args.cache_dir, args.lock_timeout)
+        options = _key_values(args.storage_option)
+        return build_sidecars(args.root, args.cache_dir, args.lock_timeout, options)
     from lightning_stream.inspect import render
 
     try:

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from lightning_stream import LanceDataModule, ledger
+from lightning_stream import LanceDataModule, cli, ledger
 from lightning_stream.demo import make_table
 from lightning_stream.inspect import render
 from lightning_stream.storage import StorageError, fsspec_options
@@ -158,6 +158,9 @@ def test_lerobot_dataset_on_s3_gives_every_anchor_once(s3, tmp_path_factory, wor
         write_dataset(local, LENGTHS)
         s3.upload(local, root)
     sidecars = local.parent / f"lerobot-s3-sidecars-{workers}"
+    if workers == 0:  # ahead of time, from the command line
+        options = [f"--storage-option={k}={v}" for k, v in s3.storage_options().items()]
+        assert cli.main(["build-sidecar", root, "--cache-dir", str(sidecars), *options]) == 0
     dm = VideoEpisodeDataModule(
         root, delta_timestamps={FRONT: [-2 / 30, 0.0]}, num_splits=12, batch_size=5,
         num_workers=workers, sidecar_dir=str(sidecars),
