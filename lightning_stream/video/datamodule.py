@@ -123,7 +123,7 @@ class VideoEpisodeDataModule(StreamingDataModule):
             sidecar_dir=str(sidecar_dir or default_sidecar_dir()),
             lock_timeout=sidecar_lock_timeout,
             image_transforms=image_transforms,
-            filesystem=pyarrow_filesystem(self.root, storage_options, filesystem)[0],
+            filesystem=_filesystem(self.root, storage_options, filesystem),
         )
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -171,3 +171,13 @@ class VideoEpisodeDataModule(StreamingDataModule):
                     f"{self.byte_budget / 2**30:.2f} ({max(1, self.num_workers)} readers):"
                     " raise byte_budget_gb"
                 )
+
+
+def _filesystem(
+    root: str, storage_options: dict[str, str] | None, filesystem: pafs.FileSystem | None
+) -> pafs.FileSystem | None:
+    """The file system given, or built from the options; ``None``: resolved from ``root``
+    in each reading process at setup (no network access at construction)."""
+    if filesystem is None and storage_options:
+        return pyarrow_filesystem(root, storage_options)[0]
+    return filesystem
