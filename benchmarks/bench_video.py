@@ -14,11 +14,21 @@ frames at -0.1 s and 0 s plus the wrist camera's anchor frame (3 frames per wind
 Reported: windows/s of each and their ratio, decoded frames per delivered frame, bytes
 read per epoch over the dataset's total video bytes, and the module's peak RSS (process
 tree) next to its byte budget.
+
+    python benchmarks/bench_video.py --s3
+
+``--s3`` starts an S3-protocol server on 127.0.0.1 (moto, ``tests/s3_server.py``),
+uploads the same dataset to a bucket, and runs one epoch of the module from local disk
+and one from S3 in this process, alternating, ``--rounds`` times (sidecars built at setup,
+not timed). It reports S3 windows/s over local windows/s, and the bytes the server sent
+during the epoch (response bodies of every GET, counted on the server side) over the
+dataset's MP4 bytes.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -136,10 +146,51 @@ def run(root: Path, naive_windows: int) -> None:
     )
 
 
+def epoch_windows_per_s(root: str, sidecars: Path, s3=None) -> tuple[float, int]:
+    """windows/s of one epoch of the module, and the bytes S3 sent for it (after setup)."""
+    from lightning_stream.video.datamodule import VideoEpisodeDataModule
+
+    dm = VideoEpisodeDataModule(
+        root, delta_timestamps=DELTAS, num_splits=24, batch_size=16, sidecar_dir=str(sidecars),
+        byte_budget_gb=BUDGET_GB, storage_options=s3.storage_options() if s3 else None,
+    )  # fmt: skip
+    dm.setup("fit")
+    if s3:
+        s3.bytes_served(reset=True)
+    start = time.perf_counter()
+    windows = sum(len(batch["index"]) for batch in dm.train_dataloader())
+    elapsed = time.perf_counter() - start
+    return windows / elapsed, s3.bytes_served() if s3 else 0
+
+
+def compare_s3(root: Path, rounds: int) -> None:
+    """One epoch from local disk and from S3 (moto on 127.0.0.1), side by side."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.s3_server import S3Server
+
+    video_bytes = sum(p.stat().st_size for p in (root / "videos").rglob("*.mp4"))
+    with S3Server(root.parent / "moto.log") as s3:
+        s3.create_bucket("bench")
+        s3.upload(root, "s3://bench/dataset")
+        local_rate = s3_rate = 0.0
+        served = []
+        for _ in range(rounds):
+            local_rate = max(local_rate, epoch_windows_per_s(str(root), root.parent / "local")[0])
+            rate, sent = epoch_windows_per_s("s3://bench/dataset", root.parent / "s3", s3)
+            s3_rate = max(s3_rate, rate)
+            served.append(sent)
+    print(f"dataset: {video_bytes} bytes of MP4")
+    print(f"windows/s: local {local_rate:.0f}, S3 {s3_rate:.0f}; S3 / local"
+          f" {s3_rate / local_rate:.2f}")  # fmt: skip
+    print(f"bytes served by S3 per epoch / video bytes: {min(served) / video_bytes:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=24)
     parser.add_argument("--naive-windows", type=int, default=400)
+    parser.add_argument("--s3", action="store_true", help="local disk next to S3 (moto)")
+    parser.add_argument("--rounds", type=int, default=2, help="--s3 rounds (best kept)")
     args = parser.parse_args()
     from lightning_stream.video.synthetic import write_dataset
 
@@ -147,7 +198,10 @@ def main() -> None:
         root = Path(tmp) / "dataset"
         lengths = np.random.default_rng(0).integers(40, 121, args.episodes).tolist()
         write_dataset(root, lengths)
-        run(root, args.naive_windows)
+        if args.s3:
+            compare_s3(root, args.rounds)
+        else:
+            run(root, args.naive_windows)
 
 
 if __name__ == "__main__":

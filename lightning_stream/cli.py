@@ -103,13 +103,19 @@ def demo(workdir: Path) -> int:
     return 0 if exact else 1
 
 
-def build_sidecars(root: str, cache_dir: Path | None, lock_timeout: float) -> int:
+def build_sidecars(
+    root: str,
+    cache_dir: Path | None,
+    lock_timeout: float,
+    storage_options: dict[str, str] | None = None,
+) -> int:
     """Index every MP4 of a LeRobot v3 dataset into the sidecar cache."""
+    from lightning_stream.storage import pyarrow_filesystem
     from lightning_stream.video.datamodule import default_sidecar_dir
     from lightning_stream.video.lerobot import open_dataset
     from lightning_stream.video.sidecar import VideoFile, load_or_build, sidecar_path
 
-    dataset = open_dataset(root)
+    dataset = open_dataset(root, fs=pyarrow_filesystem(root, storage_options)[0])
     cache = cache_dir or default_sidecar_dir()
     files = sorted({path for e in dataset.episodes for path, _ in e.videos.values()})
     key = root if "://" in root else os.path.abspath(root)
@@ -122,6 +128,16 @@ def build_sidecars(root: str, cache_dir: Path | None, lock_timeout: float) -> in
     return 0
 
 
+def _key_values(pairs: list[str]) -> dict[str, str] | None:
+    options = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key:
+            raise SystemExit("--storage-option: write each as KEY=VALUE (one has no '=')")
+        options[key] = value
+    return options or None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lightning-stream", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -130,22 +146,33 @@ def main(argv: list[str] | None = None) -> int:
     run_inspect = commands.add_parser(
         "inspect", help="print a checkpoint's data provenance (tensors are not read)"
     )
-    run_inspect.add_argument("checkpoint", type=Path)
+    run_inspect.add_argument("checkpoint", help="a local path or an fsspec URL (s3://...)")
     run_inspect.add_argument("--json", action="store_true", help="machine-readable output")
+
     run_sidecars = commands.add_parser("build-sidecar", help=build_sidecars.__doc__)
     run_sidecars.add_argument("root", help="LeRobot v3 dataset root (directory or URI)")
     run_sidecars.add_argument("--cache-dir", type=Path, help="default ~/.cache/lightning-stream")
     run_sidecars.add_argument("--lock-timeout", type=float, default=600.0)
+    for command in (run_inspect, run_sidecars):
+        command.add_argument(
+            "--storage-option",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="object-store option, with lancedb's names (e.g."
+            " aws_endpoint=http://127.0.0.1:9000); default: the AWS_* environment variables",
+        )
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo(args.workdir.resolve())
     if args.command == "build-sidecar":
-        return build_sidecars(args.root, args.cache_dir, args.lock_timeout)
+        options = _key_values(args.storage_option)
+        return build_sidecars(args.root, args.cache_dir, args.lock_timeout, options)
     from lightning_stream.inspect import render
 
     try:
-        print(render(args.checkpoint, args.json))
-    except (FileNotFoundError, ValueError) as exc:
+        print(render(args.checkpoint, args.json, _key_values(args.storage_option)))
+    except (FileNotFoundError, ValueError, OSError) as exc:
         print(f"lightning-stream inspect: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -74,15 +74,17 @@ class SaveAtSteps(Checkpoint):
     """
 
     def __init__(self, dirpath: str, steps: list[int]) -> None:
-        self.dirpath = Path(dirpath)
+        self.dirpath = dirpath.rstrip("/")  # a local path or an fsspec URL
         self.steps = set(steps)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step in self.steps:
-            trainer.save_checkpoint(self.dirpath / f"step={trainer.global_step}.ckpt")
+            trainer.save_checkpoint(f"{self.dirpath}/step={trainer.global_step}.ckpt")
 
 
-def make_table(uri: str, rows: int, table: str = "samples") -> None:
+def make_table(
+    uri: str, rows: int, table: str = "samples", storage_options: dict[str, str] | None = None
+) -> None:
     """A table of ``rows`` samples: ``id``, a 16-float ``vec`` and a float ``label``."""
     import lancedb
 
@@ -95,7 +97,8 @@ def make_table(uri: str, rows: int, table: str = "samples") -> None:
             "label": vec.sum(axis=1),
         }
     )
-    lancedb.connect(uri).create_table(table, data, mode="overwrite")
+    db = lancedb.connect(uri, storage_options=storage_options)
+    db.create_table(table, data, mode="overwrite")
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -121,6 +124,14 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--video", action="store_true", help="--uri is a LeRobot v3 dataset")
     parser.add_argument("--sidecar-dir")
     parser.add_argument("--on-decode-error", default="raise", help="video: 'raise' or 'skip'")
+    parser.add_argument("--num-nodes", type=int, default=1)
+    parser.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="object-store option of the data module (checkpoints: AWS_* variables)",
+    )
     return parser
 
 
@@ -129,6 +140,7 @@ def main() -> None:
 
 
 def datamodule(args: argparse.Namespace) -> pl.LightningDataModule:
+    storage_options = dict(o.split("=", 1) for o in args.storage_option) or None
     if args.video:
         from lightning_stream.video.datamodule import VideoEpisodeDataModule
 
@@ -141,6 +153,7 @@ def datamodule(args: argparse.Namespace) -> pl.LightningDataModule:
             shuffle_seed=args.shuffle_seed,
             sidecar_dir=args.sidecar_dir,
             on_decode_error=args.on_decode_error,
+            storage_options=storage_options,
         )
     return LanceDataModule(
         args.uri,
@@ -149,6 +162,7 @@ def datamodule(args: argparse.Namespace) -> pl.LightningDataModule:
         batch_size=args.batch_size,
         num_workers=args.workers,
         shuffle_seed=args.shuffle_seed,
+        storage_options=storage_options,
     )
 
 
@@ -172,7 +186,8 @@ def run(args: argparse.Namespace, extra_callbacks: tuple[Callback, ...] = ()) ->
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=args.devices,
-        strategy="ddp" if args.devices > 1 else "auto",
+        num_nodes=args.num_nodes,
+        strategy="ddp" if args.devices * args.num_nodes > 1 else "auto",
         max_epochs=args.max_epochs,
         callbacks=callbacks,
         logger=logger,

@@ -13,6 +13,7 @@ from lightning_stream.batching import Batch
 from lightning_stream.datamodule import StreamingDataModule
 from lightning_stream.lance.source import LanceSource, start_forkserver
 from lightning_stream.plan import check_topology
+from lightning_stream.storage import check_options, is_remote
 from lightning_stream.workers import check_main_guard, check_picklable
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,12 @@ class LanceDataModule(StreamingDataModule):
         multiprocessing_context: start method of the workers, ``"forkserver"`` (default;
             workers start about a quarter faster than with spawn here) or ``"spawn"``.
             ``"fork"`` is refused: lancedb crashes in forked workers.
+        storage_options: object-store options for ``lancedb.connect`` (and every worker's
+            reopen), e.g. ``{"aws_access_key_id": ..., "aws_secret_access_key": ...,
+            "aws_region": ..., "aws_endpoint": ..., "allow_http": "true"}``; default
+            ``None`` (lance reads the ``AWS_*`` environment variables). They are never
+            written to checkpoints, logs or error messages: the stream's identity holds
+            ``uri`` only.
     """
 
     def __init__(
@@ -98,8 +105,10 @@ class LanceDataModule(StreamingDataModule):
         shuffle_clump_size: int | None = None,
         read_ahead_bytes: int = 256 * 2**20,
         multiprocessing_context: str = "forkserver",
+        storage_options: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
+        check_options(storage_options)
         _check_positive(num_splits=num_splits, batch_size=batch_size)
         _check_positive(read_ahead_bytes=read_ahead_bytes)
         if shuffle_clump_size is not None:
@@ -129,6 +138,7 @@ class LanceDataModule(StreamingDataModule):
         self.shuffle_clump_size = shuffle_clump_size
         self.read_ahead_bytes = read_ahead_bytes
         self.multiprocessing_context = multiprocessing_context
+        self.storage_options = storage_options
         self._val: LanceSource | None = None
 
     def setup(self, stage: str) -> None:
@@ -169,6 +179,7 @@ class LanceDataModule(StreamingDataModule):
             read_ahead_bytes=self.read_ahead_bytes,
             num_workers=self.num_workers,
             multiprocessing_context=self.multiprocessing_context,
+            storage_options=self.storage_options,
         )
         return source
 
@@ -196,6 +207,13 @@ class LanceDataModule(StreamingDataModule):
             )
 
     def _report_layout(self, source: LanceSource, world_size: int) -> None:
+        if is_remote(self.uri) and self.shuffle and self.shuffle_clump_size is None:
+            log.warning(
+                "%s is on an object store and rows are shuffled one by one: each read of"
+                " scattered rows fetches whole pages, about 100x the table's bytes per epoch"
+                " (README, Object stores); set shuffle_clump_size (e.g. 4096) to read runs",
+                self.uri,
+            )
         surplus = source.rows % self.num_splits
         log.info(
             "%s: %d rows in %d splits of %d; %d surplus rows per epoch are left out",

@@ -8,7 +8,7 @@ import multiprocessing.forkserver
 import os
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import lancedb
@@ -20,6 +20,7 @@ from lightning_stream.batching import Batch
 from lightning_stream.lance.columns import BatchMaker, ColumnTypes
 from lightning_stream.lance.reader import BudgetedReader, ReadCounters, take_rows
 from lightning_stream.plan import RankEpochPlan
+from lightning_stream.storage import storage_error
 
 log = logging.getLogger(__name__)
 
@@ -31,25 +32,36 @@ class TableOpener:
     uri: str
     name: str
     version: int
+    # credentials: out of repr (and so out of logs and errors)
+    storage_options: dict[str, str] | None = field(default=None, repr=False, compare=False)
 
     def __call__(self, name: str | None = None) -> Any:
-        table = lancedb.connect(self.uri).open_table(name or self.name)
+        db = lancedb.connect(self.uri, storage_options=self.storage_options)
+        table = db.open_table(name or self.name)
         table.checkout(self.version)
         return table
 
 
-def open_table(uri: str, name: str, version: int | None) -> tuple[Any, TableOpener]:
-    """Open ``name`` in the database at ``uri`` at ``version`` (``None``: the latest)."""
+def open_table(
+    uri: str, name: str, version: int | None, storage_options: dict[str, str] | None = None
+) -> tuple[Any, TableOpener]:
+    """Open ``name`` in the database at ``uri`` at ``version`` (``None``: the latest).
+
+    An object store that cannot be reached raises
+    :class:`~lightning_stream.storage.StorageError` naming ``uri`` and the option to set.
+    """
     if "://" not in uri and not os.path.isdir(uri):
         # lancedb.connect would create an empty database there
         raise ValueError(
             f"uri={uri!r} does not exist; pass the directory of an existing LanceDB"
             " database (nothing was created)"
         )
-    db = lancedb.connect(uri)
     try:
+        db = lancedb.connect(uri, storage_options=storage_options)
         table = db.open_table(name)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        if "was not found" not in str(exc):
+            raise storage_error(uri, exc, storage_options) from None
         tables = list(db.table_names())
         raise ValueError(
             f"table={name!r} not found in uri={uri!r} (tables there: {tables}); pass the"
@@ -66,7 +78,7 @@ def open_table(uri: str, name: str, version: int | None) -> tuple[Any, TableOpen
             ) from exc
     else:
         table.checkout(latest)
-    return table, TableOpener(uri, name, table.version)
+    return table, TableOpener(uri, name, table.version, storage_options)
 
 
 class LanceSource:
@@ -99,6 +111,7 @@ class LanceSource:
         read_ahead_bytes: int,
         num_workers: int,
         multiprocessing_context: str,
+        storage_options: dict[str, str] | None = None,
     ) -> None:
         self.uri = uri
         self.name = table
@@ -112,10 +125,11 @@ class LanceSource:
         self.read_ahead_bytes = read_ahead_bytes
         self.multiprocessing_context = multiprocessing_context
         self.read_counters = ReadCounters(1 + num_workers)
+        self.storage_options = storage_options
         self._open(version)
 
     def _open(self, version: int | None) -> None:
-        self.table, self.opener = open_table(self.uri, self.name, version)
+        self.table, self.opener = open_table(self.uri, self.name, version, self.storage_options)
         self.rows = count_rows(self.table, self.filter, self.uri, self.name)
         self.split_len = self.rows // self.num_splits
         names = self.table.schema.names

@@ -7,10 +7,18 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import torch
 
 from lightning_stream.datamodule import StreamingDataModule
 from lightning_stream.plan import check_topology
+from lightning_stream.storage import (
+    StorageError,
+    check_options,
+    is_remote,
+    pyarrow_filesystem,
+    storage_error,
+)
 from lightning_stream.video.source import VideoSource, VideoSpec
 
 log = logging.getLogger(__name__)
@@ -79,6 +87,14 @@ class VideoEpisodeDataModule(StreamingDataModule):
             training with a ``DamagedVideoWarning`` naming them, counted in
             ``loader/skipped_windows``; a skipped window counts as consumed, so a resume
             does not serve it again and the rest of the epoch stays exactly once.
+        storage_options: object-store options for an ``s3://`` root, with lancedb's names
+            (``aws_access_key_id``, ``aws_secret_access_key``, ``aws_session_token``,
+            ``aws_region``, ``aws_endpoint``, ``allow_http``), mapped onto
+            ``pyarrow.fs.S3FileSystem``; default ``None`` (pyarrow reads the ``AWS_*``
+            environment variables). Never written to checkpoints, logs or errors.
+        filesystem: a ready ``pyarrow.fs.FileSystem`` holding ``root`` (then ``root`` is a
+            path on it; a ``scheme://`` prefix is dropped), for stores or settings that
+            ``storage_options`` does not cover; default ``None``.
     """
 
     def __init__(
@@ -101,8 +117,13 @@ class VideoEpisodeDataModule(StreamingDataModule):
         image_dtype: str = "uint8",
         drop_n_last_frames: int = 0,
         on_decode_error: str = "raise",
+        storage_options: dict[str, str] | None = None,
+        filesystem: pafs.FileSystem | None = None,
     ) -> None:
         super().__init__()
+        check_options(storage_options)
+        if storage_options and filesystem is not None:
+            raise ValueError("pass storage_options or filesystem, not both")
         for name, value in (("num_splits", num_splits), ("batch_size", batch_size),
                             ("episode_pool_size", episode_pool_size)):  # fmt: skip
             if not isinstance(value, int) or value <= 0:
@@ -126,7 +147,9 @@ class VideoEpisodeDataModule(StreamingDataModule):
             raise ValueError(
                 f"drop_n_last_frames must be a non-negative integer, got {drop_n_last_frames!r}"
             )
-        self.root = root if "://" in root else os.path.abspath(root)
+        remote = "://" in root or filesystem is not None
+        self.root = root if remote else os.path.abspath(root)
+        self.storage_options = storage_options
         self.spec = VideoSpec(
             root=self.root,
             episodes=tuple(episodes) if episodes is not None else None,
@@ -141,6 +164,7 @@ class VideoEpisodeDataModule(StreamingDataModule):
             image_dtype=image_dtype,
             drop_n_last_frames=drop_n_last_frames,
             on_decode_error=on_decode_error,
+            filesystem=_filesystem(self.root, storage_options, filesystem),
         )
         self.stats: dict[str, dict[str, torch.Tensor]] | None = None
         self.batch_size = batch_size
@@ -153,7 +177,12 @@ class VideoEpisodeDataModule(StreamingDataModule):
             return
         _, world_size = self._rank_and_world()
         check_topology(self.spec.num_splits, world_size, self.num_workers)
-        source = VideoSource(self.spec, self.multiprocessing_context)
+        try:
+            source = VideoSource(self.spec, self.multiprocessing_context)
+        except OSError as exc:
+            if not is_remote(self.root) or isinstance(exc, StorageError):
+                raise
+            raise storage_error(self.root, exc, self.storage_options) from None
         self.stats = stats_tensors(source.reader.dataset.stats)
         self._check_keys(source)
         self._check_budget(source)
@@ -196,3 +225,13 @@ def stats_tensors(stats: dict | None) -> dict[str, dict[str, torch.Tensor]] | No
         feature: {name: torch.tensor(value, dtype=torch.float32) for name, value in s.items()}
         for feature, s in stats.items()
     }
+
+
+def _filesystem(
+    root: str, storage_options: dict[str, str] | None, filesystem: pafs.FileSystem | None
+) -> pafs.FileSystem | None:
+    """The file system given, or built from the options; ``None``: resolved from ``root``
+    in each reading process at setup (no network access at construction)."""
+    if filesystem is None and storage_options:
+        return pyarrow_filesystem(root, storage_options)[0]
+    return filesystem

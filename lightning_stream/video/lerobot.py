@@ -11,7 +11,6 @@ the other; a frame's time in the file is ``from_timestamp + timestamp``). Read t
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,14 +19,15 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from lightning_stream.storage import is_remote, pyarrow_filesystem
+
 ID_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
 VIDEO_COLUMNS = ("chunk_index", "file_index", "from_timestamp")
 
 
-def filesystem(root: str) -> tuple[pafs.FileSystem, str]:
-    if "://" in root:
-        return pafs.FileSystem.from_uri(root)
-    return pafs.LocalFileSystem(), os.path.abspath(root)
+def filesystem(root: str, fs: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
+    """The file system and base path of ``root`` (on ``fs`` when given)."""
+    return pyarrow_filesystem(root, None, fs)
 
 
 @dataclass(frozen=True)
@@ -67,14 +67,19 @@ class LeRobotDataset:
         return table.filter(keep)
 
 
-def open_dataset(root: str, episodes: list[int] | None = None) -> LeRobotDataset:
-    """Read the metadata of a LeRobot v3 dataset; errors name the file at fault."""
-    fs, base = filesystem(root)
+def open_dataset(
+    root: str, episodes: list[int] | None = None, fs: pafs.FileSystem | None = None
+) -> LeRobotDataset:
+    """Read the metadata of a LeRobot v3 dataset (on ``fs`` if given); errors name the file."""
+    fs, base = filesystem(root, fs)
     info_path = f"{base}/meta/info.json"
     try:
         with fs.open_input_file(info_path) as handle:
             info = json.loads(handle.read())
-    except (FileNotFoundError, OSError) as exc:
+    except FileNotFoundError as exc:
+        bucket = base.split("/", 1)[0]
+        if is_remote(root) and fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+            raise FileNotFoundError(f"the bucket does not exist ({bucket!r})") from exc
         raise FileNotFoundError(
             f"{info_path} not found: root={root!r} is not a LeRobot v3 dataset"
         ) from exc

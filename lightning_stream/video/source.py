@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.fs as pafs
 import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
@@ -45,6 +46,8 @@ class VideoSpec:
     image_dtype: str = "uint8"
     drop_n_last_frames: int = 0
     on_decode_error: str = "raise"
+    # holds credentials: out of repr (logs, errors); pickled only to DataLoader workers
+    filesystem: pafs.FileSystem | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -67,7 +70,8 @@ class EpisodeReader:
 
     def __init__(self, spec: VideoSpec) -> None:
         self.spec = spec
-        self.dataset = open_dataset(spec.root, list(spec.episodes) if spec.episodes else None)
+        episodes = list(spec.episodes) if spec.episodes else None
+        self.dataset = open_dataset(spec.root, episodes, spec.filesystem)
         self.fps = self.dataset.fps
         columns = [k for k, v in self.dataset.features.items() if v.get("dtype") != "video"]
         self.columns = [c for c in columns if c not in ID_COLUMNS]
