@@ -210,8 +210,9 @@ class LanceDataModule(StreamingDataModule):
         if is_remote(self.uri) and self.shuffle and self.shuffle_clump_size is None:
             log.warning(
                 "%s is on an object store and rows are shuffled one by one: each read of"
-                " scattered rows fetches whole pages, about 100x the table's bytes per epoch"
-                " (README, Object stores); set shuffle_clump_size (e.g. 4096) to read runs",
+                " scattered rows fetches whole pages, several times the table's bytes per"
+                " epoch (README, Object stores); set shuffle_clump_size (e.g. 4096) to read"
+                " runs",
                 self.uri,
             )
         surplus = source.rows % self.num_splits

@@ -19,10 +19,11 @@ import torch
 
 IO_THREADS = 2
 FIRST_READ_ROWS = 16
-MAX_READ_ROWS = 1024
-# Reads of heavy rows are capped in bytes too: past a few MB a read is no cheaper per row,
-# and every byte of it is held (twice, while lance's rows are put back in order).
+# Reads grow 4x from one to the next up to this size: small first reads bring the first
+# batch early, large ones read each storage page once (on an object store, reads of a few
+# hundred light rows fetched every page several times over).
 READ_BYTES = 8 * 2**20
+GROWTH = 4
 
 ReadRows = Callable[[np.ndarray], pa.Table]
 
@@ -96,6 +97,7 @@ class BudgetedReader:
         self.counters = counters
         self.reader = reader
         self.row_bytes: float | None = None
+        self.read_rows = FIRST_READ_ROWS
         self.held = 0
 
     def _hold(self, amount: int) -> None:
@@ -104,9 +106,12 @@ class BudgetedReader:
 
     def _next_read_rows(self) -> int:
         if self.row_bytes is None:
-            return FIRST_READ_ROWS
-        read_bytes = min(READ_BYTES, self.budget // (IO_THREADS + 1))
-        return int(min(MAX_READ_ROWS, max(1, read_bytes // max(1.0, self.row_bytes))))
+            self.read_rows = FIRST_READ_ROWS
+        else:
+            read_bytes = min(READ_BYTES, self.budget // (IO_THREADS + 1))
+            fits = max(1, int(read_bytes // max(1.0, self.row_bytes)))
+            self.read_rows = min(self.read_rows * GROWTH, fits)
+        return self.read_rows
 
     def tables(self) -> Iterator[pa.Table]:
         """The rows in order, as Arrow tables of one read each."""
