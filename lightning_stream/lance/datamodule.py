@@ -135,7 +135,7 @@ class LanceDataModule(StreamingDataModule):
             readers = self.num_splits // world_size // max(1, self.num_workers)
             source = self._source(self.table, self.filter, self.shuffle, self.version, readers)
             self._check_rows(source, "filter", self.filter)
-            self._start_stream(source, self.batch_size, self.num_workers)
+            self._start_stream(source, self.num_workers)
             self._report_layout(source, world_size)
         if stage in ("fit", "validate") and (self.val_filter or self.val_table):
             name = self.val_table or self.table
