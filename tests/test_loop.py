@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import lightning.pytorch as pl
+import pytest
 import torch
 from lightning.pytorch.tuner import Tuner
 
@@ -21,7 +22,7 @@ from lightning_stream import LanceDataModule, StreamStateCallback, ledger
 from lightning_stream.demo import LedgerModel
 from lightning_stream.inspect import read_stream_record
 
-from .conftest import ENV, ROOT, assert_exact, train_command
+from .conftest import ENV, ROOT, ROWS, assert_exact, train_command
 
 
 def module(table_dir, **options):
@@ -187,3 +188,51 @@ def _last_step(ledger_dir):
         return max(entry["step"] for entry in ledger.read(ledger_dir))
     except (ValueError, FileNotFoundError):
         return -1
+
+
+def test_test_and_predict_over_2_processes_read_each_row_once(table_dir):
+    out, command = train_command(table_dir, "evaluate", "--devices", "2", "--evaluate",
+                                 module="tests.loop_run")  # fmt: skip
+    code, stderr = _run_job(command)
+    assert code == 0, stderr[-4000:]
+    expected = {"test": [i for i in range(ROWS) if i % 7], "predict": list(range(ROWS))}
+    for stage, rows in expected.items():
+        parts = [json.loads((out / "ledger" / f"{stage}-rank{r}.json").read_text()) for r in (0, 1)]
+        assert parts[0] + parts[1] == rows, stage  # contiguous parts, storage order, no padding
+        assert abs(len(parts[0]) - len(parts[1])) <= 1
+
+
+def test_overfit_batches_serves_the_same_batches_every_epoch(table_dir, tmp_path):
+    with pytest.warns(UserWarning, match="same order every epoch"):
+        trainer(overfit_batches=3, max_epochs=3).fit(
+            LedgerModel(str(tmp_path)), datamodule=module(table_dir)
+        )
+    entries = ledger.read(tmp_path)
+    ledger.coverage(entries, ROWS)  # Lightning's epoch and the stream's agree
+    per_epoch = [[e["ids"] for e in entries if e["epoch"] == epoch] for epoch in range(3)]
+    assert len(per_epoch[0]) == 3
+    assert per_epoch[0] == per_epoch[1] == per_epoch[2]
+
+
+class Validating(LedgerModel):
+    def __init__(self, ledger_dir):
+        super().__init__(ledger_dir)
+        self.val_batches = 0
+
+    def validation_step(self, batch, batch_idx):
+        self.val_batches += 1
+
+
+def test_validation_loader_has_a_length(table_dir, tmp_path):
+    dm = module(table_dir, val_filter="id < 120")  # 120 rows: 15 batches of 8
+    model = Validating(str(tmp_path))
+    trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0.5).fit(model, datamodule=dm)
+    assert len(dm.val_dataloader()) == sum(1 for _ in dm.val_dataloader()) == 15
+    assert model.val_batches == 7
+
+
+def test_validation_without_a_source_warns(table_dir, tmp_path):
+    with pytest.warns(UserWarning, match="no validation rows: pass val_filter or val_table"):
+        trainer(max_epochs=1, limit_train_batches=2).fit(
+            Validating(str(tmp_path)), datamodule=module(table_dir)
+        )

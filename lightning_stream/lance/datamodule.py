@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_warn
+
 from lightning_stream.batching import Batch
 from lightning_stream.datamodule import StreamingDataModule
-from lightning_stream.lance.source import LanceSource, count_rows, pipeline_options
+from lightning_stream.lance.row_range import RowRangeLoader, rank_rows
+from lightning_stream.lance.source import LanceSource, count_rows, open_table, pipeline_options
 from lightning_stream.plan import check_topology
 
 log = logging.getLogger(__name__)
@@ -58,6 +62,17 @@ class LanceDataModule(StreamingDataModule):
         val_table: name of a separate validation table in ``uri``; default ``None``.
             Validation is read in storage order, each rank its own contiguous part, no row
             twice; up to ``world_size * max(1, num_workers) - 1`` surplus rows are left out.
+            Without either, a trainer that runs validation gets a warning and none.
+        test_filter: SQL predicate selecting the rows of ``table`` that
+            ``trainer.test(datamodule=dm)`` reads; default ``None``.
+        test_table: name of a separate test table in ``uri``; default ``None``. Test and
+            predict rows are read in storage order, each rank a contiguous part (sizes
+            differ by at most one row, so ranks can take one batch more or fewer), every
+            row exactly once, none left out, none padded; read in the main process.
+        predict_filter: SQL predicate selecting the rows of ``table`` that
+            ``trainer.predict(datamodule=dm)`` reads; default ``None``: the training rows
+            (``filter``), unless ``predict_table`` is given.
+        predict_table: name of a separate table to predict on; default ``None``.
         version: table version to train on; default ``None`` pins the latest version at
             setup. A resume always reads the version the checkpoint recorded.
         read_ahead_rows: rows each reading process (the main process, or each worker)
@@ -88,6 +103,10 @@ class LanceDataModule(StreamingDataModule):
         val_filter: str | None = None,
         val_table: str | None = None,
         version: int | None = None,
+        test_filter: str | None = None,
+        test_table: str | None = None,
+        predict_filter: str | None = None,
+        predict_table: str | None = None,
         shuffle_clump_size: int | None = None,
         read_ahead_rows: int = 32768,
         read_batch_size: int | None = None,
@@ -107,8 +126,13 @@ class LanceDataModule(StreamingDataModule):
                 f"multiprocessing_context={multiprocessing_context!r}: use 'spawn' or"
                 " 'forkserver' (lancedb crashes in workers started with 'fork')"
             )
-        if val_filter is not None and val_table is not None:
-            raise ValueError("pass val_filter or val_table, not both")
+        for stage, given in (
+            ("val", (val_filter, val_table)),
+            ("test", (test_filter, test_table)),
+            ("predict", (predict_filter, predict_table)),
+        ):
+            if None not in given:
+                raise ValueError(f"pass {stage}_filter or {stage}_table, not both")
         self.uri = _normalise_uri(uri)
         self.table = table
         self.num_splits = num_splits
@@ -122,11 +146,16 @@ class LanceDataModule(StreamingDataModule):
         self.val_filter = val_filter
         self.val_table = val_table
         self.version = version
+        self.test_filter = test_filter
+        self.test_table = test_table
+        self.predict_filter = predict_filter
+        self.predict_table = predict_table
         self.shuffle_clump_size = shuffle_clump_size
         self.read_ahead_rows = read_ahead_rows
         self.read_batch_size = read_batch_size
         self.multiprocessing_context = multiprocessing_context
         self._val: LanceSource | None = None
+        self._evaluation: dict[str, tuple[Any, str | None, int]] = {}
 
     def setup(self, stage: str) -> None:
         _, world_size = self._rank_and_world()
@@ -141,6 +170,36 @@ class LanceDataModule(StreamingDataModule):
             name = self.val_table or self.table
             self._val = self._source(name, self.val_filter, False, None, 1)
             self._check_rows(self._val, "val_filter", self.val_filter, world_size)
+        for evaluation in ("test", "predict"):
+            if stage == evaluation:  # stage may be Lightning's TrainerFn, a str enum
+                self._evaluation[evaluation] = self._evaluation_rows(evaluation)
+
+    def _evaluation_rows(self, stage: str) -> tuple[Any, str | None, int]:
+        """The table, filter and row count that ``trainer.test`` / ``predict`` read."""
+        table_name = getattr(self, f"{stage}_table")
+        filter = getattr(self, f"{stage}_filter")
+        if stage == "test" and table_name is None and filter is None:
+            raise ValueError(
+                "trainer.test(datamodule=...) needs test rows: pass test_filter (a SQL"
+                " predicate over the table) or test_table to LanceDataModule"
+            )
+        if stage == "predict" and table_name is None and filter is None:
+            filter = self.filter
+        table, opener = open_table(self.uri, table_name or self.table, None)
+        argument = f"{stage}_filter"
+        rows = count_rows(table, filter, self.uri, opener.name)
+        if rows == 0:
+            raise ValueError(
+                f"{argument}={filter!r} selects no rows of table {opener.name!r}; loosen it"
+            )
+        if self.columns is not None:
+            unknown = [c for c in self.columns if c not in table.schema.names]
+            if unknown:
+                raise ValueError(
+                    f"columns={self.columns!r}: {unknown} not in table {opener.name!r}"
+                    f" (its columns: {table.schema.names})"
+                )
+        return opener, filter, rows
 
     def _source(
         self,
@@ -217,9 +276,36 @@ class LanceDataModule(StreamingDataModule):
 
     def val_dataloader(self) -> Any:
         if self._val is None:
+            rank_zero_warn(
+                "the trainer runs validation (the model has validation_step; see"
+                " val_check_interval, check_val_every_n_epoch) but LanceDataModule has no"
+                " validation rows: pass val_filter or val_table. Validation is skipped."
+            )
             return []
         rank, world_size = self._rank_and_world()
         return _ValidationLoader(self._val, rank, world_size, self.batch_size, self.num_workers)
+
+    def test_dataloader(self) -> RowRangeLoader:
+        """This rank's part of the test rows (``test_filter`` / ``test_table``)."""
+        return self._row_range_loader("test")
+
+    def predict_dataloader(self) -> RowRangeLoader:
+        """This rank's part of the rows to predict (default: the training rows)."""
+        return self._row_range_loader("predict")
+
+    def _row_range_loader(self, stage: str) -> RowRangeLoader:
+        if stage not in self._evaluation:
+            self._evaluation[stage] = self._evaluation_rows(stage)
+        opener, filter, rows = self._evaluation[stage]
+        rank, world_size = self._rank_and_world()
+        return RowRangeLoader(
+            opener,
+            filter=filter,
+            columns=self.columns,
+            transform=self.transform,
+            positions=rank_rows(rows, rank, world_size),
+            batch_size=self.batch_size,
+        )
 
 
 class _ValidationLoader:
@@ -233,6 +319,12 @@ class _ValidationLoader:
         self.world_size = world_size
         self.batch_size = batch_size
         self.num_workers = num_workers
+
+    def __len__(self) -> int:
+        """Batches of this rank: each reader (worker) batches its own split."""
+        readers = max(1, self.num_workers)
+        split = self.source.rows // (self.world_size * readers)
+        return readers * math.ceil(split / self.batch_size)
 
     def __iter__(self) -> Iterator[Batch]:
         parts = self.world_size * max(1, self.num_workers)
