@@ -236,3 +236,20 @@ def test_validation_without_a_source_warns(table_dir, tmp_path):
         trainer(max_epochs=1, limit_train_batches=2).fit(
             Validating(str(tmp_path)), datamodule=module(table_dir)
         )
+
+
+def test_a_checkpoint_one_rank_wrote_alone_names_the_complete_one_beside_it(table_dir, tmp_path):
+    run = trainer(max_steps=5)
+    run.fit(LedgerModel(str(tmp_path / "ledger")), datamodule=module(table_dir))
+    complete = tmp_path / "ckpt" / "epoch=0-step=5.ckpt"
+    run.save_checkpoint(complete)
+    checkpoint = torch.load(complete, weights_only=False)
+    checkpoint["callbacks"]["StreamStateCallback"]["complete"] = False
+    alone = tmp_path / "ckpt" / "on_exception.ckpt"
+    torch.save(checkpoint, alone)
+    resumed = trainer(max_epochs=1)
+    with pytest.raises(ValueError, match="written by one rank alone") as error:
+        resumed.fit(LedgerModel(str(tmp_path / "ledger")), datamodule=module(table_dir),
+                    ckpt_path=str(alone))  # fmt: skip
+    assert str(alone) in str(error.value)
+    assert f"resume with ckpt_path={str(complete)!r}" in str(error.value)
