@@ -133,7 +133,7 @@ class StreamStateCallback(Callback):
         """The merged progress of all ranks at an exception, or ``None`` (gathered once
         per step: ``on_exception`` and every checkpoint saved after it share it)."""
         stream = self._stream
-        if stream is None:
+        if stream is None or trainer.world_size == 1:
             return None
         step = trainer.global_step
         if self._interrupted is None or self._interrupted[0] != step:
@@ -179,4 +179,6 @@ class StreamStateCallback(Callback):
             self._stream.load(StreamState.from_dict(state_dict))
         except IncompleteStateError:
             path = self._trainer.ckpt_path if self._trainer is not None else None
+            if path is None:
+                raise
             raise IncompleteStateError(incomplete_checkpoint_message(path)) from None

@@ -69,6 +69,7 @@ class SigtermSync:
     def install(self, trainer: pl.Trainer) -> None:
         """Replace Lightning's SIGTERM handler (which ``fit`` installed) by ours."""
         self.signalled = False
+        self._installed = False
         if trainer.world_size == 1 or threading.current_thread() is not threading.main_thread():
             return
         lightning_handler = loop_state.sigterm_notifier(trainer)
@@ -92,7 +93,11 @@ class SigtermSync:
         self._installed = True
 
     def agree(self, trainer: pl.Trainer) -> None:
-        """After a training batch: if any rank was signalled, every rank stops now."""
+        """After a training batch: if any rank was signalled, every rank stops now.
+
+        One ``all_reduce`` of one integer per batch, like the per-batch ``broadcast``
+        Lightning itself runs for the same purpose.
+        """
         if not self._installed:
             return
         flag = torch.tensor([int(self.signalled)], device=trainer.strategy.root_device)
@@ -123,14 +128,8 @@ def newest_complete_beside(path: str | Path) -> Path | None:
     return None
 
 
-def incomplete_checkpoint_message(path: str | Path | None) -> str:
+def incomplete_checkpoint_message(path: str | Path) -> str:
     """What to tell a user whose resume hit a checkpoint one rank wrote alone."""
-    if path is None:
-        return (
-            "this checkpoint was written by one rank alone (after an exception), so it lacks"
-            " the other ranks' progress and cannot resume exactly; resume from the last"
-            " checkpoint that all ranks saved"
-        )
     newest = newest_complete_beside(path)
     instead = (
         f"resume with ckpt_path={str(newest)!r}, the newest complete checkpoint beside it"

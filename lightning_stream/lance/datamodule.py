@@ -63,7 +63,7 @@ class LanceDataModule(StreamingDataModule):
             Validation is read in storage order, each rank its own contiguous part, no row
             twice; up to ``world_size * max(1, num_workers) - 1`` surplus rows are left out.
             Without either, a trainer that runs validation gets a warning and none.
-        test_filter: SQL predicate selecting the rows of ``table`` that
+        test_filter: SQL predicate selecting the rows of ``table`` (at ``version``) that
             ``trainer.test(datamodule=dm)`` reads; default ``None``.
         test_table: name of a separate test table in ``uri``; default ``None``. Test and
             predict rows are read in storage order, each rank a contiguous part (sizes
@@ -185,7 +185,9 @@ class LanceDataModule(StreamingDataModule):
             )
         if stage == "predict" and table_name is None and filter is None:
             filter = self.filter
-        table, opener = open_table(self.uri, table_name or self.table, None)
+        # rows of the training table are read at the training version
+        version = self.version if table_name is None else None
+        table, opener = open_table(self.uri, table_name or self.table, version)
         argument = f"{stage}_filter"
         rows = count_rows(table, filter, self.uri, opener.name)
         if rows == 0:
