@@ -1,14 +1,16 @@
 """Preemption under DDP: every rank stops at the same step, and the ranks' progress
 reaches the checkpoint written after the exception.
 
-**Stopping together.** Lightning 2.6.6 runs a ``broadcast`` inside its SIGTERM handler.
-A scheduler signals every rank, and rank 0's launcher forwards the signal to the ranks
-it started, so those run the handler twice: the ranks' collectives no longer pair up and
-the job hangs (seen here in most tries with 2 processes on gloo). :class:`SigtermSync`
-replaces that handler, for the length of ``fit``, by one that only records the signal
-(and forwards it as Lightning does); at the end of every training batch the ranks agree
-with one ``all_reduce`` of one integer whether any was signalled, and all of them then
-raise Lightning's ``SIGTERMException`` at the end of the same batch.
+**Stopping together.** Lightning 2.6 runs a ``broadcast`` inside its SIGTERM handler. A
+scheduler signals every rank, and rank 0's launcher forwards the signal to the ranks it
+started, so those run the handler twice: the ranks' collectives no longer pair up and
+the job hangs (here: 3 of 3 tries with 2 processes on gloo; 1 of 2 with the signal sent
+to rank 0 alone, as a ``broadcast`` run inside a handler can pair with another rank's
+training collective). :class:`SigtermSync` replaces that handler, for the length of
+``fit``, by one that only records the signal (and forwards it as Lightning does); at the
+end of every training batch the ranks agree with one ``all_reduce`` of one integer
+whether any was signalled, and all of them then raise Lightning's ``SIGTERMException``
+at the end of the same batch.
 
 **Gathering without a collective.** After the exception each rank runs
 ``on_exception``. A rank that failed alone does so while the others wait in a training
