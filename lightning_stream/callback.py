@@ -8,10 +8,17 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
 
+from lightning_stream import loop_state
+from lightning_stream.preemption import (
+    SigtermSync,
+    gather_through_store,
+    incomplete_checkpoint_message,
+)
 from lightning_stream.provenance import provenance
 from lightning_stream.state import StreamState, merge
-from lightning_stream.stream import ResumableStream, steps_to_skip
+from lightning_stream.stream import IncompleteStateError, ResumableStream, steps_to_skip
 
 log = logging.getLogger(__name__)
 
@@ -28,34 +35,63 @@ class StreamStateCallback(Callback):
     :class:`~lightning_stream.VideoEpisodeDataModule` (which add it to the trainer
     themselves when it is missing). What it does, hook by hook:
 
-    - ``setup``: finds the data module's stream and has it count consumed batches.
+    - ``setup``: finds the data module's stream, has it count consumed batches and
+      number a fresh epoch as Lightning does (``trainer.current_epoch``). Under
+      ``overfit_batches`` every epoch is served in epoch 0's order: the same batches.
     - ``on_train_batch_end``: the batch has been through ``training_step``; the stream
       advances its per-split counts. Batches the loader pre-fetched are not counted.
+    - ``on_train_start`` / ``on_train_batch_end`` (DDP): SIGTERM is recorded by a
+      handler that replaces Lightning's during ``fit``; after every training batch the
+      ranks agree (one ``all_reduce`` of one integer) whether any rank was signalled, and
+      all stop at the end of that same batch (``lightning_stream.preemption``).
+    - ``on_exception``: when every rank is interrupted at the same step (SIGTERM, a
+      ``KeyboardInterrupt`` delivered to all at one step), the ranks' counts are
+      gathered through the process group's key-value store, waiting at most
+      ``interrupt_gather_timeout`` seconds (no collective, so a rank that failed alone
+      cannot hang there).
     - ``state_dict`` (called on every rank while a checkpoint is made): gathers every
-      rank's counts with the strategy's ``all_gather`` and stores the merged record with
-      the run identity (data source, version, seed, splits, filter, columns), the
-      topology that saved it and its provenance (library versions, git revision). A
-      checkpoint that one rank makes alone (``trainer.interrupted``, e.g. after an
-      exception) does not gather, so it cannot hang; it is marked incomplete and refuses
-      to resume.
+      rank's counts with the strategy's ``all_gather`` (after an exception: the counts
+      ``on_exception`` gathered) and stores the merged record with the run identity
+      (data source, version, seed, splits, filter, columns), the topology that saved it
+      and its provenance (library versions, git revision). A checkpoint after an
+      exception whose gather timed out is marked incomplete and refuses to resume, with
+      an error naming the file and the newest complete checkpoint beside it.
     - ``load_state_dict``: hands the merged record to the stream, which checks it
       against the data module's settings (a mismatch raises ``ValueError`` naming the
       setting) and pins the saved data version. Every rank of the new run takes its
       own splits, whatever the new world size and worker count.
-    - ``on_train_start``: after an elastic resume the remaining epoch has another number
-      of batches than Lightning's restored counter implies; the counter is moved so the
-      epoch ends exactly when the stream does.
+    - ``on_train_start``: a resumed epoch that is not finished is Lightning's epoch
+      again (after a ``max_steps`` stop Lightning counts it as done; ``max_epochs=N``
+      then still trains N whole data epochs); after an elastic resume the remaining
+      epoch has another number of batches than Lightning's restored counter implies, so
+      the counter is moved for the epoch to end exactly when the stream does.
+
+    Args:
+        interrupt_gather_timeout: seconds a rank waits in ``on_exception`` for the
+            other ranks' progress; default 30. Past it, the checkpoint is incomplete.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, interrupt_gather_timeout: float = 30.0) -> None:
+        self.interrupt_gather_timeout = interrupt_gather_timeout
         self._trainer: pl.Trainer | None = None
         self._stream: ResumableStream | None = None
+        self._interrupted: tuple[int, list[int] | None] | None = None
+        self._sigterm = SigtermSync()
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer = trainer
         self._stream = find_stream(trainer)
-        if self._stream is not None:
-            self._stream.tracking = True
+        self._interrupted = None
+        if self._stream is None:
+            return
+        self._stream.tracking = True
+        self._stream.lightning_epoch = lambda: trainer.current_epoch
+        if trainer.overfit_batches:
+            self._stream.fixed_order_epoch = 0
+            rank_zero_warn(
+                f"overfit_batches={trainer.overfit_batches}: the data stream serves epoch 0's"
+                " first batches in the same order every epoch (no reshuffle)"
+            )
 
     def on_train_batch_end(
         self,
@@ -66,31 +102,62 @@ class StreamStateCallback(Callback):
         batch_idx: int,
     ) -> None:
         if self._stream is not None:
-            last = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
-            self._stream.commit_batch(last_batch=last)
+            self._stream.commit_batch(last_batch=loop_state.is_last_batch(trainer))
+            self._sigterm.agree(trainer)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         stream = self._stream
+        if stream is not None:
+            self._sigterm.install(trainer)
         if stream is None or not stream.resumed:
             return
-        epoch_loop = trainer.fit_loop.epoch_loop
-        current = epoch_loop.batch_progress.current
-        target = steps_to_skip(stream, current.processed, trainer.num_training_batches)
-        # The epoch loop's reset adds the batch a checkpoint saved in on_train_batch_end
-        # had not marked completed yet; leave it one short so it lands on the target.
-        bump = 1 if epoch_loop.restarted_on_train_batch_end else 0
-        current.ready = current.started = current.processed = target
-        current.completed = target - bump
-        epoch_loop.batch_progress.is_last_batch = False
+        if stream.has_partial_epoch() and stream.upcoming_epoch() != trainer.current_epoch:
+            log.info(
+                "resumed data epoch %d is not finished: Lightning's epoch %d becomes %d",
+                stream.upcoming_epoch(),
+                trainer.current_epoch,
+                stream.upcoming_epoch(),
+            )
+            loop_state.set_epoch(trainer, stream.upcoming_epoch())
+        batches = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        target = steps_to_skip(stream, batches, trainer.num_training_batches)
+        loop_state.set_batches_done(trainer, target)
         log.debug("resumed stream: Lightning's batch counter set to %d", target)
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._gather_interrupted(trainer)
+
+    def _gather_interrupted(self, trainer: pl.Trainer) -> list[int] | None:
+        """The merged progress of all ranks at an exception, or ``None`` (gathered once
+        per step: ``on_exception`` and every checkpoint saved after it share it)."""
+        stream = self._stream
+        if stream is None or trainer.world_size == 1:
+            return None
+        step = trainer.global_step
+        if self._interrupted is None or self._interrupted[0] != step:
+            rows = gather_through_store(
+                stream.local_progress(),
+                trainer.global_rank,
+                trainer.world_size,
+                f"lightning_stream/interrupt/{step}",
+                self.interrupt_gather_timeout,
+            )
+            self._interrupted = (step, merge(rows) if rows else None)
+        return self._interrupted[1]
 
     def state_dict(self) -> dict[str, Any]:
         stream, trainer = self._stream, self._trainer
         if stream is None or trainer is None:
             return {}
         progress = stream.local_progress()
-        if trainer.interrupted or trainer.world_size == 1:
-            complete = trainer.world_size == 1
+        if trainer.world_size == 1:
+            complete = True
+        elif trainer.interrupted:
+            gathered = self._gather_interrupted(trainer)
+            complete = gathered is not None
+            progress = gathered or progress
         else:
             strategy = trainer.strategy
             row = torch.tensor(progress, dtype=torch.int64, device=strategy.root_device)
@@ -108,4 +175,10 @@ class StreamStateCallback(Callback):
                 " no stream; pass the LanceDataModule or VideoEpisodeDataModule the"
                 " checkpoint was trained with"
             )
-        self._stream.load(StreamState.from_dict(state_dict))
+        try:
+            self._stream.load(StreamState.from_dict(state_dict))
+        except IncompleteStateError:
+            path = self._trainer.ckpt_path if self._trainer is not None else None
+            if path is None:
+                raise
+            raise IncompleteStateError(incomplete_checkpoint_message(path)) from None

@@ -31,18 +31,26 @@ class StreamingDataModule(pl.LightningDataModule):
             return 0, 1
         return trainer.global_rank, trainer.world_size
 
-    def _start_stream(self, source, batch_size: int, num_workers: int) -> None:
+    def _start_stream(self, source, num_workers: int) -> None:
         """This rank's stream over ``source``, and the callback that resumes it."""
         rank, world_size = self._rank_and_world()
         self.stream = ResumableStream(
             source,
-            batch_size=batch_size,
+            batch_size=self._served_batch_size,
             num_workers=num_workers,
             rank=rank,
             world_size=world_size,
             owner=type(self).__name__,
         )
         self._attach_callback()
+
+    def _served_batch_size(self) -> int:
+        """``batch_size`` as it is now: Lightning's batch-size finder changes it between
+        trials (on the data module and its ``hparams`` alike) without calling setup."""
+        size = self.batch_size
+        if not isinstance(size, int) or size <= 0:
+            raise ValueError(f"batch_size must be a positive integer, got {size!r}")
+        return size
 
     def _attach_callback(self) -> None:
         """Add a StreamStateCallback to the trainer when the user did not, and have the

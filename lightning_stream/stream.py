@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from lightning_stream.batching import Batch, batch_len, drop_skipped, rechunk
@@ -52,25 +52,35 @@ class ResumableStream:
 
     Args:
         source: the rows.
-        batch_size: rows per batch (per process).
+        batch_size: rows per batch (per process), read anew for every plan (every new
+            iterator, ``len()``), so that a batch-size finder changing it between trials
+            is served the size it tries.
         num_workers: DataLoader worker processes of this rank (0: the main process).
         rank: this process's rank.
         world_size: processes in the run.
         owner: the data module's name, used in error messages.
+
+    Attributes:
+        lightning_epoch: Lightning's epoch counter, when a ``Trainer`` runs the stream
+            (set by :class:`~lightning_stream.StreamStateCallback`). An epoch that starts
+            fresh takes its number, so the data epoch is Lightning's epoch (a second
+            ``fit()`` on the same trainer continues with the next epoch's shuffle).
+        fixed_order_epoch: serve every epoch in this epoch's order (``overfit_batches``:
+            the same batches every epoch); ``None`` (default) shuffles anew each epoch.
     """
 
     def __init__(
         self,
         source: ChunkSource,
         *,
-        batch_size: int,
+        batch_size: Callable[[], int],
         num_workers: int,
         rank: int,
         world_size: int,
         owner: str,
     ) -> None:
         self.source = source
-        self.batch_size = batch_size
+        self._batch_size = batch_size
         self.num_workers = num_workers
         self.rank = rank
         self.world_size = world_size
@@ -78,12 +88,18 @@ class ResumableStream:
         self.tracking = False
         self.resumed = False
         self.last_wait = 0.0
+        self.lightning_epoch: Callable[[], int] | None = None
+        self.fixed_order_epoch: int | None = None
         self.state = StreamState(
             identity=source.identity,
             consumed=[0] * source.num_splits,
             topology=self.topology,
         )
         self._run: _EpochRun | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size()
 
     @property
     def topology(self) -> dict[str, int]:
@@ -110,6 +126,15 @@ class ResumableStream:
             return state.epoch + 1, [0] * self.source.num_splits, 0
         return state.epoch, list(state.consumed), state.steps
 
+    def upcoming_epoch(self) -> int:
+        """The epoch the next iterator serves, before Lightning's counter is applied."""
+        return self._upcoming()[0]
+
+    def has_partial_epoch(self) -> bool:
+        """Whether the next iterator continues an epoch that some rows already reached."""
+        epoch, consumed, _ = self._upcoming()
+        return epoch == self.state.epoch and any(consumed)
+
     def next_plan(self) -> RankEpochPlan:
         """The plan of the epoch the next iterator serves (without starting it)."""
         return self._plan(self._upcoming()[1])
@@ -133,6 +158,9 @@ class ResumableStream:
         """Begin the iterator of an epoch: the one in progress, or the next one, fresh."""
         state = self.state
         state.epoch, state.consumed, state.steps = self._upcoming()
+        if self.lightning_epoch is not None and not any(state.consumed):
+            # a fresh epoch loses nothing by taking Lightning's number
+            state.epoch = self.lightning_epoch()
         state.epoch_done = False
         run = _EpochRun(self._plan(state.consumed))
         self._run = run
@@ -142,7 +170,8 @@ class ResumableStream:
         """The epoch's batches. Rows the source skipped count as consumed with the batch
         they were cut into, so a resume never serves them again; a batch left with no row
         is not handed out, its rows count with the next batch."""
-        chunks = self.source.chunks(self.state.epoch, list(self.state.consumed), run.plan)
+        order = self.state.epoch if self.fixed_order_epoch is None else self.fixed_order_epoch
+        chunks = self.source.chunks(order, list(self.state.consumed), run.plan)
         carried = 0
         for planned in rechunk(chunks, run.plan.sizes):
             batch = drop_skipped(planned)
@@ -200,7 +229,7 @@ class ResumableStream:
     def load(self, state: StreamState) -> None:
         """Continue from a merged state saved by any topology."""
         if not state.complete:
-            raise ValueError(
+            raise IncompleteStateError(
                 "this checkpoint was written by one rank alone (after an exception), so it"
                 " lacks the other ranks' progress and cannot resume exactly; resume from the"
                 " last checkpoint that all ranks saved"
@@ -223,6 +252,10 @@ class ResumableStream:
         self._run = None
         self.resumed = True
         _ = self.next_plan().steps  # fail now, not mid-epoch, if this topology cannot resume
+
+
+class IncompleteStateError(ValueError):
+    """A checkpoint lacks some ranks' progress (one rank wrote it alone)."""
 
 
 class EpochLoader:

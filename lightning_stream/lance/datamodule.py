@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_stream.batching import Batch
 from lightning_stream.datamodule import StreamingDataModule
@@ -66,6 +67,17 @@ class LanceDataModule(StreamingDataModule):
         val_table: name of a separate validation table in ``uri``; default ``None``.
             Validation is read in storage order, each rank its own contiguous part, every
             row once.
+            Without either, a trainer that runs validation gets a warning and none.
+        test_filter: SQL predicate selecting the rows of ``table`` (at ``version``) that
+            ``trainer.test(datamodule=dm)`` reads; default ``None``.
+        test_table: name of a separate test table in ``uri``; default ``None``. Test and
+            predict rows are read like validation rows: storage order, each rank a
+            contiguous part (sizes differ by at most one row, so ranks can take one batch
+            more or fewer), every row exactly once, none left out, none padded.
+        predict_filter: SQL predicate selecting the rows of ``table`` that
+            ``trainer.predict(datamodule=dm)`` reads; default ``None``: the training rows
+            (``filter``), unless ``predict_table`` is given.
+        predict_table: name of a separate table to predict on; default ``None``.
         version: table version to train on; default ``None`` pins the latest version at
             setup. A resume always reads the version the checkpoint recorded.
         read_ahead_bytes: bytes of rows each rank may hold that training has not taken
@@ -102,6 +114,10 @@ class LanceDataModule(StreamingDataModule):
         val_filter: str | None = None,
         val_table: str | None = None,
         version: int | None = None,
+        test_filter: str | None = None,
+        test_table: str | None = None,
+        predict_filter: str | None = None,
+        predict_table: str | None = None,
         shuffle_clump_size: int | None = None,
         read_ahead_bytes: int = 256 * 2**20,
         multiprocessing_context: str = "forkserver",
@@ -120,8 +136,13 @@ class LanceDataModule(StreamingDataModule):
                 f"multiprocessing_context={multiprocessing_context!r}: use 'spawn' or"
                 " 'forkserver' (lancedb crashes in workers started with 'fork')"
             )
-        if val_filter is not None and val_table is not None:
-            raise ValueError("pass val_filter or val_table, not both")
+        for stage, given in (
+            ("val", (val_filter, val_table)),
+            ("test", (test_filter, test_table)),
+            ("predict", (predict_filter, predict_table)),
+        ):
+            if None not in given:
+                raise ValueError(f"pass {stage}_filter or {stage}_table, not both")
         self.uri = _normalise_uri(uri)
         self.table = table
         self.num_splits = num_splits
@@ -135,11 +156,16 @@ class LanceDataModule(StreamingDataModule):
         self.val_filter = val_filter
         self.val_table = val_table
         self.version = version
+        self.test_filter = test_filter
+        self.test_table = test_table
+        self.predict_filter = predict_filter
+        self.predict_table = predict_table
         self.shuffle_clump_size = shuffle_clump_size
         self.read_ahead_bytes = read_ahead_bytes
         self.multiprocessing_context = multiprocessing_context
         self.storage_options = storage_options
         self._val: LanceSource | None = None
+        self._evaluation: dict[str, LanceSource] = {}
 
     def setup(self, stage: str) -> None:
         _, world_size = self._rank_and_world()
@@ -151,12 +177,32 @@ class LanceDataModule(StreamingDataModule):
         if stage == "fit":
             source = self._source(self.table, self.filter, self.shuffle, self.version)
             self._check_rows(source, "filter", self.filter)
-            self._start_stream(source, self.batch_size, self.num_workers)
+            self._start_stream(source, self.num_workers)
             self._report_layout(source, world_size)
         if stage in ("fit", "validate") and (self.val_filter or self.val_table):
             name = self.val_table or self.table
             self._val = self._source(name, self.val_filter, False, None)
             self._check_rows(self._val, "val_filter", self.val_filter, world_size)
+        for evaluation in ("test", "predict"):
+            if stage == evaluation:  # stage may be Lightning's TrainerFn, a str enum
+                self._evaluation[evaluation] = self._evaluation_source(evaluation)
+
+    def _evaluation_source(self, stage: str) -> LanceSource:
+        """The rows that ``trainer.test`` / ``trainer.predict`` read."""
+        table_name = getattr(self, f"{stage}_table")
+        filter = getattr(self, f"{stage}_filter")
+        if stage == "test" and table_name is None and filter is None:
+            raise ValueError(
+                "trainer.test(datamodule=...) needs test rows: pass test_filter (a SQL"
+                " predicate over the table) or test_table to LanceDataModule"
+            )
+        if stage == "predict" and table_name is None and filter is None:
+            filter = self.filter
+        # rows of the training table are read at the training version
+        version = self.version if table_name is None else None
+        source = self._source(table_name or self.table, filter, False, version)
+        self._check_rows(source, f"{stage}_filter", filter, parts=1)
+        return source
 
     def _source(
         self,
@@ -238,17 +284,37 @@ class LanceDataModule(StreamingDataModule):
 
     def val_dataloader(self) -> Any:
         if self._val is None:
+            rank_zero_warn(
+                "the trainer runs validation (the model has validation_step; see"
+                " val_check_interval, check_val_every_n_epoch) but LanceDataModule has no"
+                " validation rows: pass val_filter or val_table. Validation is skipped."
+            )
             return []
         rank, world_size = self._rank_and_world()
-        return _ValidationLoader(self._val, rank, world_size, self.batch_size)
+        return _EvaluationLoader(self._val, rank, world_size, self.batch_size)
+
+    def test_dataloader(self) -> _EvaluationLoader:
+        """This rank's part of the test rows (``test_filter`` / ``test_table``)."""
+        return self._evaluation_loader("test")
+
+    def predict_dataloader(self) -> _EvaluationLoader:
+        """This rank's part of the rows to predict (default: the training rows)."""
+        return self._evaluation_loader("predict")
+
+    def _evaluation_loader(self, stage: str) -> _EvaluationLoader:
+        if stage not in self._evaluation:
+            self._evaluation[stage] = self._evaluation_source(stage)
+        rank, world_size = self._rank_and_world()
+        return _EvaluationLoader(self._evaluation[stage], rank, world_size, self.batch_size)
 
 
-class _ValidationLoader:
-    """Re-iterable validation loader: the rows in storage order, each rank its own part.
+class _EvaluationLoader:
+    """Re-iterable validation, test or predict loader: the rows in storage order, each
+    rank its own part; ``len()`` is its number of batches.
 
     The rows are cut into ``world_size`` contiguous parts (the first ones one row longer
-    when they do not divide), so every row is validated once, none twice. They are read
-    in this process, with the reader's threads, whatever ``num_workers`` is.
+    when they do not divide), so every row is read once, none twice. They are read in
+    this process, with the reader's threads, whatever ``num_workers`` is.
     """
 
     def __init__(self, source: LanceSource, rank: int, world_size: int, batch_size: int) -> None:

@@ -191,7 +191,7 @@ class VideoEpisodeDataModule(StreamingDataModule):
             self.root, source.split_len * self.spec.num_splits + source.dropped,
             self.spec.num_splits, source.split_len, source.dropped,
         )  # fmt: skip
-        self._start_stream(source, self.batch_size, self.num_workers)
+        self._start_stream(source, self.num_workers)
 
     def _check_keys(self, source: VideoSource) -> None:
         known = set(source.reader.dataset.features)
