@@ -1,10 +1,14 @@
-"""Checks made before DataLoader workers start, so a mistake is one clear error."""
+"""DataLoader workers: how they start, and checks made before they do, so that a
+mistake is one clear error."""
 
 from __future__ import annotations
 
 import ast
+import multiprocessing
+import multiprocessing.forkserver
 import pickle
 import sys
+import threading
 from typing import Any
 
 
@@ -53,3 +57,33 @@ def _runs_code(tree: ast.Module) -> bool:
     return any(
         isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) for node in tree.body
     )
+
+
+def worker_context(method: str) -> multiprocessing.context.BaseContext:
+    """The workers' start method; a forkserver imports the reading side once.
+
+    Workers forked from that server start without importing torch, numpy, pyarrow,
+    lancedb, PyAV and this package again (:mod:`lightning_stream.forkserver_preload`).
+    ``__main__`` is listed too, but Python 3.11's forkserver does not preload it, so
+    every worker runs the training script's top-level imports again: Lightning is
+    preloaded because a training script imports it (seconds per worker otherwise).
+    """
+    context = multiprocessing.get_context(method)
+    if method == "forkserver":
+        context.set_forkserver_preload(
+            ["__main__", "lightning.pytorch", "lightning_stream.forkserver_preload"]
+        )
+    return context
+
+
+def start_forkserver(method: str) -> None:
+    """Start the workers' forkserver now, in the background, if ``method`` uses one.
+
+    It takes seconds to import what it preloads; started at setup, it is ready by the
+    time the first epoch starts its workers.
+    """
+    if method == "forkserver":
+        worker_context(method)
+        threading.Thread(
+            target=multiprocessing.forkserver.ensure_running, name="forkserver-start", daemon=True
+        ).start()

@@ -12,10 +12,10 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_stream.batching import Batch
 from lightning_stream.datamodule import StreamingDataModule
-from lightning_stream.lance.source import LanceSource, start_forkserver
+from lightning_stream.lance.source import LanceSource
 from lightning_stream.plan import check_topology
 from lightning_stream.storage import check_options, is_remote
-from lightning_stream.workers import check_main_guard, check_picklable
+from lightning_stream.workers import check_main_guard, check_picklable, start_forkserver
 
 log = logging.getLogger(__name__)
 

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import multiprocessing.forkserver
 import os
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +18,7 @@ from lightning_stream.lance.columns import BatchMaker, ColumnTypes
 from lightning_stream.lance.reader import BudgetedReader, ReadCounters, take_rows
 from lightning_stream.plan import RankEpochPlan
 from lightning_stream.storage import storage_error
+from lightning_stream.workers import worker_context
 
 log = logging.getLogger(__name__)
 
@@ -312,36 +310,6 @@ def _split_rows(table: Any, *, split_len: int, **options: Any) -> np.ndarray:
     split_ids, row_ids = split_ids[order], row_ids[order]
     starts = np.searchsorted(split_ids, np.arange(options["num_splits"]))
     return np.stack([row_ids[start : start + split_len] for start in starts])
-
-
-def worker_context(method: str) -> multiprocessing.context.BaseContext:
-    """The workers' start method; a forkserver imports the reading side once.
-
-    Workers forked from that server start without importing torch, numpy, pyarrow,
-    lancedb and this package again (:mod:`lightning_stream.lance.forkserver_preload`).
-    ``__main__`` is listed too, but Python 3.11's forkserver does not preload it, so
-    every worker runs the training script's top-level imports again: Lightning is
-    preloaded because a training script imports it (seconds per worker otherwise).
-    """
-    context = multiprocessing.get_context(method)
-    if method == "forkserver":
-        context.set_forkserver_preload(
-            ["__main__", "lightning.pytorch", "lightning_stream.lance.forkserver_preload"]
-        )
-    return context
-
-
-def start_forkserver(method: str) -> None:
-    """Start the workers' forkserver now, in the background, if ``method`` uses one.
-
-    It takes seconds to import what it preloads; started at setup, it is ready by the
-    time the first epoch starts its workers.
-    """
-    if method == "forkserver":
-        worker_context(method)
-        threading.Thread(
-            target=multiprocessing.forkserver.ensure_running, name="forkserver-start", daemon=True
-        ).start()
 
 
 def count_rows(table: Any, filter: str | None, uri: str, name: str) -> int:

@@ -20,6 +20,7 @@ from lightning_stream.storage import (
     storage_error,
 )
 from lightning_stream.video.source import VideoSource, VideoSpec
+from lightning_stream.workers import start_forkserver
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +178,8 @@ class VideoEpisodeDataModule(StreamingDataModule):
             return
         _, world_size = self._rank_and_world()
         check_topology(self.spec.num_splits, world_size, self.num_workers)
+        if self.num_workers:
+            start_forkserver(self.multiprocessing_context)
         try:
             source = VideoSource(self.spec, self.multiprocessing_context)
         except OSError as exc:

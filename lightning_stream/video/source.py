@@ -27,6 +27,7 @@ from lightning_stream.video.lerobot import ID_COLUMNS, Episode, check_video_file
 from lightning_stream.video.mp4 import VideoTrack
 from lightning_stream.video.plan import anchor_order, cut_splits, frame_offsets, window
 from lightning_stream.video.sidecar import VideoFile, fingerprint, load_or_build
+from lightning_stream.workers import worker_context
 
 
 @dataclass(frozen=True)
@@ -396,7 +397,9 @@ class VideoSource:
                 batch_size=plan.batch_size,
                 num_workers=plan.num_workers,
                 collate_fn=default_collate,
-                multiprocessing_context=self.multiprocessing_context if plan.num_workers else None,
+                multiprocessing_context=worker_context(self.multiprocessing_context)
+                if plan.num_workers
+                else None,
             )
         )
 
