@@ -81,7 +81,7 @@ def _hint(message: str) -> str:
     if "nosuchbucket" in lower or "bucket does not exist" in lower:
         return "the bucket does not exist: create it, or fix the bucket name in the URI"
     refused = ("credential", "invalidaccesskeyid", "signaturedoesnotmatch", "accessdenied",
-               "forbidden")  # fmt: skip
+               "access_denied", "forbidden")  # fmt: skip
     if any(word in lower for word in refused) or re.search(r"\b403\b", lower):
         return (
             "the credentials were missing or refused: set storage_options"

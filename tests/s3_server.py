@@ -39,7 +39,15 @@ def free_port() -> int:
 class S3Server:
     """A moto S3 server subprocess; ``with S3Server() as s3:`` starts and kills it."""
 
-    def __init__(self, log: Path | None = None, startup_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        log: Path | None = None,
+        startup_timeout: float = 60.0,
+        check_credentials: bool = False,
+    ) -> None:
+        """``check_credentials``: moto then refuses every request whose access key its
+        IAM does not hold (``INITIAL_NO_AUTH_ACTION_COUNT=0``), i.e. all of them here."""
+        self.check_credentials = check_credentials
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -69,9 +77,12 @@ class S3Server:
 
     def start(self) -> S3Server:
         out = self.log.open("ab") if self.log else subprocess.DEVNULL
+        env = dict(os.environ)
+        if self.check_credentials:
+            env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
         self.process = subprocess.Popen(
             [sys.executable, __file__, str(self.port)],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env,
         )  # fmt: skip
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:

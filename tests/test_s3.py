@@ -150,6 +150,23 @@ def test_unreachable_stores_fail_at_setup_naming_the_uri_and_the_option(s3, tmp_
         assert uri in message and hint in message and SECRET not in message, message
 
 
+def test_refused_credentials_fail_at_setup_naming_the_uri_and_the_option(tmp_path):
+    with S3Server(check_credentials=True) as refusing:
+        options = refusing.storage_options(SECRET)
+        for uri, make in (
+            (TABLE, lambda uri: LanceDataModule(
+                uri, "samples", num_splits=12, batch_size=5, storage_options=options)),
+            (f"s3://{BUCKET}/lerobot", lambda uri: VideoEpisodeDataModule(
+                uri, delta_timestamps={FRONT: [0.0]}, num_splits=12, batch_size=5,
+                storage_options=options, sidecar_dir=str(tmp_path))),
+        ):  # fmt: skip
+            with pytest.raises(StorageError) as error:
+                make(uri).setup("fit")
+            message = str(error.value)
+            assert uri in message and "credentials were missing or refused" in message
+            assert "'aws_secret_access_key'" in message and SECRET not in message, message
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_lerobot_dataset_on_s3_gives_every_anchor_once(s3, tmp_path_factory, workers):
     root = f"s3://{BUCKET}/lerobot"
