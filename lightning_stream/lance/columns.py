@@ -163,13 +163,9 @@ class BatchMaker:
         self.transform = transform
 
     def __call__(self, rows: pa.Table) -> Batch:
-        return self.finish(self.types.to_batch(self.types.to_wire(rows)))
-
-    def finish(self, batch: Batch) -> Batch:
+        batch = self.types.to_batch(self.types.to_wire(rows))
         if self.transform is None:
             return batch
-        rows = next(iter(batch.values()), ())
-        count = rows.shape[0] if isinstance(rows, torch.Tensor) else len(rows)
         batch = self.transform(batch)
-        check_columnar(batch, count, "transform")
+        check_columnar(batch, rows.num_rows, "transform")
         return batch

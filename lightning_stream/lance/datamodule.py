@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -323,14 +324,16 @@ class _EvaluationLoader:
         self.world_size = world_size
         self.batch_size = batch_size
 
+    @cached_property
     def _rows(self) -> np.ndarray:
+        # one permutation build per loader, shared by len() and every pass
         return np.array_split(self.source.storage_rows(), self.world_size)[self.rank]
 
     def __len__(self) -> int:
-        return -(-len(self._rows()) // self.batch_size)
+        return -(-len(self._rows) // self.batch_size)
 
     def __iter__(self) -> Iterator[Batch]:
-        rows = self._rows()
+        rows = self._rows
         sizes = [self.batch_size] * (len(rows) // self.batch_size)
         if len(rows) % self.batch_size:
             sizes.append(len(rows) % self.batch_size)

@@ -238,7 +238,8 @@ class LanceSource:
         )
         try:
             for item in loader:
-                yield make.finish(self.types.to_batch(item)) if self.transform is None else item
+                # without a transform, workers send the numpy form (ReaderDataset)
+                yield self.types.to_batch(item) if self.transform is None else item
         except (RuntimeError, ConnectionError, EOFError) as exc:
             # A dead worker surfaces as torch's RuntimeError, or as a broken connection
             # when it dies while handing over a batch's shared memory.
