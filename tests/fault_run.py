@@ -40,14 +40,23 @@ class KillDuringSave(Callback):
 
 
 class KillWorker(Callback):
-    """SIGKILL one DataLoader worker after the given global step."""
+    """SIGKILL one reading worker after the given global step (waiting for the workers,
+    which start in the background, to be up)."""
 
     def __init__(self, step: int) -> None:
         self.step = step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step == self.step:
-            os.kill(multiprocessing.active_children()[0].pid, signal.SIGKILL)
+        if trainer.global_step != self.step:
+            return
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            readers = [p for p in multiprocessing.active_children() if "reader" in p.name]
+            if readers:
+                os.kill(readers[0].pid, signal.SIGKILL)
+                return
+            time.sleep(0.05)
+        raise RuntimeError("no reading worker started within 120 s")
 
 
 def main() -> None:

@@ -84,7 +84,7 @@ def test_killed_dataloader_worker(table_dir):
         table_dir, "kill-worker", "--workers", "2", "--save-every", "4",
         "--kill-worker-after", "10", module="tests.fault_run", expect_failure=True,
     )  # fmt: skip
-    assert "a DataLoader worker of rank 0 died while reading table 'samples'" in result.stderr
+    assert "a reading worker of rank 0 died while reading table 'samples'" in result.stderr
     assert "resume with trainer.fit(..., ckpt_path=" in result.stderr
     last = first / "ckpt" / "last.ckpt"
     step = checkpoint_step(last)

@@ -22,10 +22,9 @@ Binary values become a numpy array because Lightning's device transfer leaves nu
 arrays alone but walks a list of ``bytes`` byte by byte (about 2 s per batch of 64 20 KB
 images); a device cannot hold ``bytes`` anyway, so decode them in ``transform``.
 
-Crossing from a DataLoader worker, a batch travels as numpy arrays (pickled by value in
-one message) and becomes tensors in the main process (:func:`to_batch`): torch's default
-would put every tensor in a shared-memory block of its own, which costs more than
-copying the bytes for the small tensors of a batch.
+Reading workers send the Arrow rows (in shared memory, :mod:`lightning_stream.lance.pool`)
+and the main process converts them, so every batch is made by the same code whoever read
+it.
 """
 
 from __future__ import annotations
@@ -101,7 +100,7 @@ class ColumnTypes:
         return cls(kinds, masked)
 
     def to_wire(self, rows: pa.Table) -> dict[str, Any]:
-        """Numpy form of a batch: what a worker sends, picklable by value."""
+        """Numpy form of a batch (copies: nothing refers to the rows' Arrow buffers)."""
         wire: dict[str, Any] = {}
         for name, kind in self.kinds.items():
             column = rows.column(name).combine_chunks()
@@ -155,7 +154,7 @@ def _dense(column: pa.Array) -> np.ndarray:
 class BatchMaker:
     """Arrow rows to a training batch: the column types, then the user's ``transform``.
 
-    Picklable, so it runs in DataLoader workers.
+    Picklable, so it runs in the reading workers (with a ``transform``).
     """
 
     def __init__(self, types: ColumnTypes, transform: Callable[[Batch], Batch] | None) -> None:

@@ -49,7 +49,11 @@ class LanceDataModule(StreamingDataModule):
         batch_size: rows per batch per process; the global batch is
             ``batch_size * world_size``. For the same global batches on every topology make
             the global batch a multiple of ``num_splits`` (a warning says when it is not).
-        num_workers: DataLoader worker processes per rank; default 0 (main process).
+        num_workers: reading worker processes per rank; default 0 (the main process reads,
+            on its reader's threads). Started at ``setup``, kept for every epoch, stopped
+            at ``teardown``; until one is up the main process reads its batches itself.
+            The batches do not depend on who reads them
+            (:mod:`lightning_stream.lance.pool`).
         shuffle: shuffle rows into splits, anew each epoch; default ``True``. ``False``
             cuts the table into splits in storage order.
         shuffle_seed: base seed of the shuffle, combined with the epoch; default 0. A
@@ -180,6 +184,8 @@ class LanceDataModule(StreamingDataModule):
             self._check_rows(source, "filter", self.filter)
             self._start_stream(source, self.num_workers)
             self._report_layout(source, world_size)
+            if self.num_workers:
+                source.start_workers(self.num_workers)
         if stage in ("fit", "validate") and (self.val_filter or self.val_table):
             name = self.val_table or self.table
             self._val = self._source(name, self.val_filter, False, None)
@@ -282,6 +288,11 @@ class LanceDataModule(StreamingDataModule):
                 world_size,
                 self.num_splits,
             )
+
+    def teardown(self, stage: str) -> None:
+        """Stops the reading workers that ``setup("fit")`` started."""
+        if stage == "fit" and self.stream is not None:
+            self.stream.source.stop_workers()
 
     def val_dataloader(self) -> Any:
         if self._val is None:

@@ -1,6 +1,6 @@
 """Rows of a LanceDB table read in a given order, with the bytes held bounded by a budget.
 
-A reading process (the main process, or one DataLoader worker) reads its rows in the
+A reading process (the main process, or one reading worker) reads its rows in the
 order the plan gives, a few reads in flight on threads (lance's reads release the GIL).
 Everything it holds that training has not taken yet (reads in flight, at their estimated
 size, and rows read but not yet handed out as batches) counts against its byte budget:
@@ -21,8 +21,9 @@ IO_THREADS = 2
 FIRST_READ_ROWS = 16
 # Reads grow 4x from one to the next up to this size: small first reads bring the first
 # batch early, large ones read each storage page once (on an object store, reads of a few
-# hundred light rows fetched every page several times over).
-READ_BYTES = 8 * 2**20
+# hundred light rows fetched every page several times over) and cost lance less CPU per
+# row (scattered 22 KB rows: 1,500-row reads took about 0.6x the CPU of 380-row ones).
+READ_BYTES = 32 * 2**20
 GROWTH = 4
 
 ReadRows = Callable[[np.ndarray], pa.Table]

@@ -11,10 +11,10 @@ from typing import Any
 import lancedb
 import numpy as np
 from lancedb.streaming import StreamingDataset
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lightning_stream.batching import Batch
 from lightning_stream.lance.columns import BatchMaker, ColumnTypes
+from lightning_stream.lance.pool import ReaderPool, WorkerDied, cut
 from lightning_stream.lance.reader import BudgetedReader, ReadCounters, take_rows
 from lightning_stream.plan import RankEpochPlan
 from lightning_stream.storage import storage_error
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TableOpener:
-    """Picklable reopen of one table version, for DataLoader workers (spawn/forkserver)."""
+    """Picklable reopen of one table version, for the reading workers."""
 
     uri: str
     name: str
@@ -89,8 +89,8 @@ class LanceSource:
     holds at most ``read_ahead_bytes`` (shared by the rank's workers) not yet handed out.
 
     With several workers, the plan's head (the lagging rows after an elastic resume, then
-    whole cycles up to the first batch) is read in this process first, so the workers
-    start up while training runs on the first batch.
+    whole cycles up to the first batch) is read in this process first; then worker ``k``
+    serves its block of splits (:class:`~lightning_stream.lance.pool.ReaderPool`).
     """
 
     def __init__(
@@ -124,6 +124,7 @@ class LanceSource:
         self.multiprocessing_context = multiprocessing_context
         self.read_counters = ReadCounters(1 + num_workers)
         self.storage_options = storage_options
+        self.pool: ReaderPool | None = None
         self._open(version)
 
     def _open(self, version: int | None) -> None:
@@ -220,85 +221,43 @@ class LanceSource:
         if plan.num_workers > 1:
             splits, positions = plan.head_order()
             reader = self.reader(rows[splits, positions], self.read_ahead_bytes)
-            for table in reader.batches(_cut(len(splits), plan.batch_size)):
+            for table in reader.batches(cut(len(splits), plan.batch_size)):
                 yield make(table)
-        orders = [plan.reader_order(worker) for worker in range(plan.num_workers)]
-        dataset = ReaderDataset(
-            self,
-            [rows[splits, positions] for splits, positions in orders],
-            plan.batch_size,
-            self.read_ahead_bytes // plan.num_workers,
-        )
-        loader = DataLoader(
-            dataset,
-            batch_size=None,
-            num_workers=plan.num_workers,
-            collate_fn=_as_sent,
-            multiprocessing_context=worker_context(self.multiprocessing_context),
-        )
+        streams = [rows[plan.reader_order(worker)] for worker in range(plan.num_workers)]
+        pool = self.start_workers(plan.num_workers)
         try:
-            for item in loader:
-                # without a transform, workers send the numpy form (ReaderDataset)
-                yield self.types.to_batch(item) if self.transform is None else item
-        except (RuntimeError, ConnectionError, EOFError) as exc:
-            # A dead worker surfaces as torch's RuntimeError, or as a broken connection
-            # when it dies while handing over a batch's shared memory.
-            if isinstance(exc, RuntimeError) and "DataLoader worker" not in str(exc):
-                raise
+            yield from pool.batches(streams, plan.batch_size)
+        except WorkerDied as exc:
+            self.stop_workers()
             raise RuntimeError(
-                f"a DataLoader worker of rank {plan.rank} died while reading table"
+                f"a reading worker of rank {plan.rank} died while reading table"
                 f" {self.name!r} ({exc}). Nothing after the last checkpoint is lost: resume"
                 " with trainer.fit(..., ckpt_path=<last checkpoint>)"
             ) from exc
 
+    def start_workers(self, workers: int) -> ReaderPool:
+        """The rank's reading processes, started once and kept for every epoch."""
+        if self.pool is None or self.pool.workers != workers:
+            self.stop_workers()
+            context = worker_context(self.multiprocessing_context)
+            self.pool = ReaderPool(self, workers, self.read_ahead_bytes, context)
+        return self.pool
+
+    def stop_workers(self) -> None:
+        if self.pool is not None:
+            pool, self.pool = self.pool, None
+            pool.close()
+
     def __getstate__(self) -> dict[str, Any]:
         # workers reopen the table themselves: lance handles are not picklable
         state = dict(self.__dict__)
-        del state["table"]
+        del state["table"], state["pool"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.table = self.opener()
-
-
-class ReaderDataset(IterableDataset):
-    """What each DataLoader worker runs: its rows, read under its share of the budget.
-
-    Worker ``k`` cuts its rows into batches of ``batch_size`` (its last may be short),
-    the DataLoader model of :func:`lightning_stream.plan.worker_rows`. Without a
-    ``transform`` a batch leaves the worker in numpy form and becomes tensors in the
-    main process (:meth:`ColumnTypes.to_wire`); with one, the transform runs here and its
-    output crosses as torch pickles it.
-    """
-
-    def __init__(
-        self, source: LanceSource, row_ids: list[np.ndarray], batch_size: int, budget: int
-    ) -> None:
-        self.source = source
-        self.row_ids = row_ids
-        self.batch_size = batch_size
-        self.budget = budget
-
-    def __iter__(self) -> Iterator[Any]:
-        worker = get_worker_info()
-        index = 0 if worker is None else worker.id
-        ids = self.row_ids[index]
-        source = self.source
-        reader = source.reader(ids, self.budget, reader=index + 1)
-        make = source.batch_maker()
-        for table in reader.batches(_cut(len(ids), self.batch_size)):
-            yield make(table) if source.transform is not None else source.types.to_wire(table)
-
-
-def _as_sent(batch: Any) -> Any:
-    # the DataLoader's default would turn the numpy form into tensors in the worker
-    return batch
-
-
-def _cut(rows: int, batch_size: int) -> list[int]:
-    full, rest = divmod(rows, batch_size)
-    return [batch_size] * full + ([rest] if rest else [])
+        self.pool = None
 
 
 def _split_rows(table: Any, *, split_len: int, **options: Any) -> np.ndarray:

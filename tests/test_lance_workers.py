@@ -1,0 +1,90 @@
+"""Reading workers take over from the main process without changing any batch."""
+
+import multiprocessing
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from lightning_stream import LanceDataModule
+from lightning_stream.lance.synthetic import heavy_rows
+
+from .conftest import HEAVY_ROWS
+
+
+def readers() -> list:
+    return [p for p in multiprocessing.active_children() if "reader" in p.name]
+
+
+def wait_for_readers(count: int) -> None:
+    deadline = time.monotonic() + 120
+    while len(readers()) < count:
+        assert time.monotonic() < deadline, "the reading workers did not start in 120 s"
+        time.sleep(0.05)
+
+
+def reference() -> pa.Table:
+    # make_heavy_table wrote the rows 300 at a time (conftest)
+    return pa.concat_tables(heavy_rows(start, 300, 2_000) for start in range(0, HEAVY_ROWS, 300))
+
+
+def assert_rows_match(batch: dict, table: pa.Table) -> None:
+    ids = batch["id"].numpy()
+    rows = table.take(pa.array(ids))
+    assert batch["caption"] == rows.column("caption").to_pylist()
+    assert list(batch["jpeg"]) == rows.column("jpeg").to_pylist()
+    embedding = np.stack(rows.column("embedding").to_numpy(zero_copy_only=False))
+    assert np.array_equal(batch["embedding"].numpy(), embedding)
+    for values, expected in zip(batch["tokens"], rows.column("tokens").to_pylist(), strict=True):
+        assert values.tolist() == torch.tensor(expected or [], dtype=torch.float32).tolist()
+
+
+def module(uri: str, budget: int = 8 * 2**20) -> LanceDataModule:
+    return LanceDataModule(
+        uri, "heavy", num_splits=12, batch_size=32, num_workers=2, read_ahead_bytes=budget
+    )
+
+
+# 8 MiB: a batch (32 rows, 140 KB) fits in a worker's shared-memory slot; 1 MiB: it does
+# not, and crosses the pipe
+@pytest.mark.parametrize("budget", [8 * 2**20, 2**20])
+def test_batches_are_the_same_whoever_reads_them(heavy_uri, budget):
+    table = reference()
+    served = {}
+    for wait in (True, False):
+        dm = module(heavy_uri, budget)
+        dm.setup("fit")
+        if wait:
+            wait_for_readers(2)
+        epochs = [list(dm.train_dataloader()) for _ in range(2)]
+        worker_rows = dm.stream.source.read_counters.values[1:, 2].sum().item()
+        dm.teardown("fit")
+        if wait:
+            assert worker_rows > HEAVY_ROWS, "the workers read most of both epochs"
+        for batches in epochs:
+            ids = torch.cat([batch["id"] for batch in batches])
+            assert sorted(ids.tolist()) == list(range(HEAVY_ROWS))
+            for batch in batches:
+                assert_rows_match(batch, table)
+        served[wait] = [[batch["id"].tolist() for batch in batches] for batches in epochs]
+    assert served[True] == served[False]
+    assert served[True][0] != served[True][1], "each epoch has its own order"
+    assert not readers(), "teardown stopped the workers"
+
+
+def test_an_epoch_stopped_early_leaves_the_next_one_whole(heavy_uri):
+    table = reference()
+    dm = module(heavy_uri)
+    dm.setup("fit")
+    wait_for_readers(2)
+    for index, _ in enumerate(dm.train_dataloader()):
+        if index == 5:
+            break  # the workers hold batches the main process never takes
+    batches = list(dm.train_dataloader())
+    ids = torch.cat([batch["id"] for batch in batches])
+    assert sorted(ids.tolist()) == list(range(HEAVY_ROWS))
+    for batch in batches:
+        assert_rows_match(batch, table)
+    dm.teardown("fit")
