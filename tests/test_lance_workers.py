@@ -1,5 +1,6 @@
 """Reading workers take over from the main process without changing any batch."""
 
+import gc
 import multiprocessing
 import time
 
@@ -42,6 +43,7 @@ def assert_rows_match(batch: dict, table: pa.Table) -> None:
 
 
 def module(uri: str, budget: int = 8 * 2**20) -> LanceDataModule:
+    gc.collect()  # earlier tests' modules, and so their workers, are gone
     return LanceDataModule(
         uri, "heavy", num_splits=12, batch_size=32, num_workers=2, read_ahead_bytes=budget
     )
@@ -60,7 +62,9 @@ def test_batches_are_the_same_whoever_reads_them(heavy_uri, budget):
             wait_for_readers(2)
         epochs = [list(dm.train_dataloader()) for _ in range(2)]
         worker_rows = dm.stream.source.read_counters.values[1:, 2].sum().item()
+        started = readers()
         dm.teardown("fit")
+        assert not any(process.is_alive() for process in started), "teardown stops them"
         if wait:
             assert worker_rows > HEAVY_ROWS, "the workers read most of both epochs"
         for batches in epochs:
@@ -71,7 +75,6 @@ def test_batches_are_the_same_whoever_reads_them(heavy_uri, budget):
         served[wait] = [[batch["id"].tolist() for batch in batches] for batches in epochs]
     assert served[True] == served[False]
     assert served[True][0] != served[True][1], "each epoch has its own order"
-    assert not readers(), "teardown stopped the workers"
 
 
 def test_an_epoch_stopped_early_leaves_the_next_one_whole(heavy_uri):

@@ -12,17 +12,22 @@ Until a worker has taken up an epoch's job, the main process reads that worker's
 itself (claiming them one at a time under a lock), so the first batches never wait for a
 worker to start, and a worker takes over from the first batch nobody claimed. Which rows
 form which batch never depends on who reads it.
+
+This module and :mod:`~lightning_stream.lance.reader` are all a worker imports (with
+lancedb, pyarrow and numpy; torch only to run a ``transform``), besides the training
+script's own imports, which every spawned or forkserver worker runs again.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import signal
 import threading
 import traceback
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
@@ -32,13 +37,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from lightning_stream.batching import Batch
+from lightning_stream.lance.reader import BudgetedReader, ReadCounters, TableOpener, take_rows
 
 if TYPE_CHECKING:
+    from lightning_stream.batching import Batch
     from lightning_stream.lance.source import LanceSource
 
+# what a worker imports (the forkserver imports it once for all of them)
+WORKER_MODULE = __name__
 # A worker may hold this many batches the main process has not taken back: the pipe's
-# queue depth and the slots in its arena.
+# queue depth and the slots of its arena.
 SLOTS = 4
 POLL_S = 0.2
 NO_JOB = -1
@@ -52,21 +60,20 @@ def cut(rows: int, batch_size: int) -> list[int]:
 
 
 class WorkerDied(RuntimeError):
-    """A reading worker exited while the main process waited for one of its batches."""
+    """A reading worker exited while the main process needed one of its batches."""
 
 
 class ReaderPool:
     """``workers`` reading processes of one rank, sharing ``budget`` bytes.
 
-    Each worker's share is split in half: its reader's read-ahead, and its slots. Slot
-    pages are only resident once a batch is written to them.
+    Each worker's share goes three quarters to its reader's read-ahead and a quarter to
+    its slots; slot pages are only resident once a batch has been written to them.
     """
 
     def __init__(
         self, source: LanceSource, workers: int, budget: int, context: BaseContext
     ) -> None:
         share = budget // workers
-        self.source = source
         self.workers = workers
         self.slot_bytes = max(1, share // (4 * SLOTS))
         self.read_budget = share - SLOTS * self.slot_bytes
@@ -77,24 +84,18 @@ class ReaderPool:
         self.processes: list[BaseProcess | None] = [None] * workers
         self.results: list[Connection] = []
         self.outboxes: list[queue.SimpleQueue] = []
-        self.feeders = []
+        self.feeders: list[threading.Thread] = []
         self.next_job = 0
         for worker in range(workers):
             job_recv, job_send = context.Pipe(duplex=False)
             result_recv, result_send = context.Pipe(duplex=False)
+            channels = _Channels(
+                self.arena.name, self.slot_bytes, job_recv, result_send, self.handoff,
+                self.credits[worker],
+            )  # fmt: skip
             process = context.Process(
                 target=_work,
-                args=(
-                    worker,
-                    source,
-                    self.read_budget,
-                    self.arena.name,
-                    self.slot_bytes,
-                    job_recv,
-                    result_send,
-                    self.handoff,
-                    self.credits[worker],
-                ),
+                args=(worker, source.opener, source.columns, self.read_budget, channels),
                 name=f"lightning-stream-reader-{worker}",
                 daemon=True,
             )
@@ -133,19 +134,23 @@ class ReaderPool:
                 jobs.close()
                 return
 
-    def batches(self, streams: list[np.ndarray], batch_size: int) -> Iterator[Batch]:
-        """Worker ``k`` 's rows ``streams[k]`` cut into batches, the workers in turn."""
+    def batches(
+        self, source: LanceSource, streams: list[np.ndarray], batch_size: int
+    ) -> Iterator[Batch]:
+        """Worker ``k`` 's rows ``streams[k]`` of ``source`` cut into batches, the workers
+        in turn."""
         job = self.next_job
         self.next_job += 1
         sizes = cut(len(streams[0]), batch_size)
         with self.handoff.get_lock():
             for worker in range(self.workers):
                 self.handoff[3 * worker : 3 * worker + 3] = [0, NO_JOB, job]
-        source = self.source
-        for worker, rows in enumerate(streams):
-            self.outboxes[worker].put((job, rows, batch_size, source.opener, source.types))
-        own: dict[int, Iterator[pa.Table]] = {}
         make = source.batch_maker()
+        # without a transform the main process makes every batch from the Arrow rows
+        sent_make = make if source.transform is not None else None
+        for worker, rows in enumerate(streams):
+            self.outboxes[worker].put((job, rows, batch_size, source.opener, sent_make))
+        own: dict[int, Iterator[pa.Table]] = {}
         try:
             for index in range(len(sizes)):
                 for worker in range(self.workers):
@@ -159,7 +164,7 @@ class ReaderPool:
                     else:
                         if worker in own:
                             own.pop(worker).close()
-                        yield self._receive(worker, job, index, make)
+                        yield self._receive(worker, job, index, make, source.read_counters)
         finally:
             for reader in own.values():
                 reader.close()
@@ -178,16 +183,20 @@ class ReaderPool:
             self.handoff[3 * worker] = index + 1
             return True
 
-    def _receive(self, worker: int, job: int, index: int, make) -> Batch:
+    def _receive(
+        self, worker: int, job: int, index: int, make: Callable, counters: ReadCounters
+    ) -> Batch:
         connection = self.results[worker]
         while True:
             while not connection.poll(POLL_S):
-                if not self.processes[worker].is_alive():
-                    raise WorkerDied(f"exit code {self.processes[worker].exitcode}")
+                process = self.processes[worker]
+                if not process.is_alive():
+                    raise WorkerDied(f"exit code {process.exitcode}")
             try:
-                sent_job, sent_index, kind, payload = connection.recv()
+                sent_job, sent_index, kind, payload, sent_counters = connection.recv()
             except (EOFError, ConnectionError) as exc:
                 raise WorkerDied(str(exc)) from exc
+            counters.values[worker + 1] = sent_counters
             if sent_job != job:  # left over from an epoch the main process stopped early
                 if kind != "error":
                     self.credits[worker].release()
@@ -259,87 +268,108 @@ def _inline(rows: pa.Table) -> pa.Buffer:
     return sink.getvalue()
 
 
+class _Channels:
+    """What connects one worker to the main process (picklable while it starts)."""
+
+    def __init__(self, arena_name, slot_bytes, jobs, results, handoff, credits) -> None:
+        self.arena_name = arena_name
+        self.slot_bytes = slot_bytes
+        self.jobs = jobs
+        self.results = results
+        self.handoff = handoff
+        self.credits = credits
+
+
 def _work(
-    worker: int, source: LanceSource, budget: int, arena_name: str, slot_bytes: int,
-    jobs, results, handoff, credits,
-) -> None:  # fmt: skip
+    worker: int, opener: TableOpener, columns: list[str] | None, budget: int, io: _Channels
+) -> None:
     """A worker process: take up each job from where the main process left it."""
     # Ctrl-C reaches the whole process group: the main process decides what stops
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    arena = SharedMemory(name=arena_name)
-    held = [0] * SLOTS  # bytes written to each slot, counted until it is reused
+    served = _Worker(worker, io)
+    table = opener()
     try:
         while True:
             try:
-                job = jobs.recv()
+                job = io.jobs.recv()
             except EOFError:
                 return  # the main process is gone
             if job is None:
                 return
-            job_id, rows, batch_size, opener, types = job
-            if opener != source.opener:
-                source.opener, source.table = opener, opener()
-            source.types = types
-            with handoff.get_lock():
-                if handoff[3 * worker + 2] != job_id:
+            job_id, rows, batch_size, job_opener, make = job
+            if job_opener != opener:  # resumed on the version a checkpoint read
+                opener, table = job_opener, job_opener()
+            with io.handoff.get_lock():
+                if io.handoff[3 * worker + 2] != job_id:
                     continue  # stopped before this worker got to it
-                start = handoff[3 * worker]
-                handoff[3 * worker + 1] = job_id
-            sizes = cut(len(rows), batch_size)
-            _serve(
-                worker, source, rows[start * batch_size :], sizes, start, job_id, budget,
-                arena, slot_bytes, held, jobs, results, handoff, credits,
-            )  # fmt: skip
+                start = io.handoff[3 * worker]
+                io.handoff[3 * worker + 1] = job_id
+            reader = BudgetedReader(
+                take_rows(table, columns), rows[start * batch_size :], budget, served.counters, 0
+            )
+            tables = reader.batches(cut(len(rows), batch_size)[start:])
+            try:
+                served.serve(job_id, start, tables, make)
+            finally:
+                tables.close()
     except (BrokenPipeError, ConnectionResetError):
         return  # the main process is gone
     finally:
-        arena.close()
+        served.arena.close()
 
 
-def _serve(
-    worker, source, rows, sizes, start, job_id, budget, arena, slot_bytes, held, jobs,
-    results, handoff, credits,
-) -> None:  # fmt: skip
-    make = source.batch_maker()
-    reader = source.reader(rows, budget, reader=worker + 1).batches(sizes[start:])
-    try:
-        for index in range(start, len(sizes)):
+class _Worker:
+    """One worker's side of the slots, and its counters."""
+
+    def __init__(self, worker: int, io: _Channels) -> None:
+        self.worker = worker
+        self.io = io
+        self.arena = SharedMemory(name=io.arena_name)
+        self.counters = ReadCounters(1)
+        self.held = [0] * SLOTS  # bytes written to each slot, counted until it is reused
+
+    def current(self, job_id: int) -> bool:
+        return self.io.handoff[3 * self.worker + 2] == job_id
+
+    def serve(self, job_id: int, start: int, tables: Iterator[pa.Table], make) -> None:
+        """Send the job's batches from ``start`` on, until it ends or the main process
+        stops it."""
+        io = self.io
+        for index in itertools.count(start):
             try:
-                table = next(reader)
+                table = next(tables)
+            except StopIteration:
+                return
             except Exception as exc:
-                _send_error(results, job_id, index, exc)
+                self.send_error(job_id, index, exc)
                 return
-            while not credits.acquire(timeout=POLL_S):
-                if handoff[3 * worker + 2] != job_id or jobs.poll():
+            while not io.credits.acquire(timeout=POLL_S):
+                if not self.current(job_id) or io.jobs.poll():
                     return  # the main process stopped this epoch
-            if handoff[3 * worker + 2] != job_id:
-                credits.release()
+            try:
+                kind, payload = self.pack(index, table, make)
+            except Exception as exc:
+                io.credits.release()
+                self.send_error(job_id, index, exc)
                 return
-            slot = index % SLOTS
-            source.read_counters.add(worker + 1, "resident_bytes", -held[slot])
-            held[slot] = 0
-            if source.transform is not None:
-                try:
-                    kind, payload = "batch", make(table)
-                except Exception as exc:
-                    credits.release()
-                    _send_error(results, job_id, index, exc)
-                    return
-            else:
-                begin = (worker * SLOTS + slot) * slot_bytes
-                size = _pack(table, arena.buf[begin : begin + slot_bytes])
-                if size is None:
-                    kind, payload = "inline", _inline(table)
-                else:
-                    kind, payload = "slot", size
-                    held[slot] = size
-                    source.read_counters.add(worker + 1, "resident_bytes", size)
             del table
-            results.send((job_id, index, kind, payload))
-    finally:
-        reader.close()
+            io.results.send((job_id, index, kind, payload, self.counters.values[0].tolist()))
 
+    def pack(self, index: int, table: pa.Table, make) -> tuple[str, Any]:
+        slot = index % SLOTS
+        self.counters.add(0, "resident_bytes", -self.held[slot])
+        self.held[slot] = 0
+        if make is not None:
+            return "batch", make(table)
+        begin = (self.worker * SLOTS + slot) * self.io.slot_bytes
+        size = _pack(table, self.arena.buf[begin : begin + self.io.slot_bytes])
+        if size is None:
+            return "inline", _inline(table)
+        self.held[slot] = size
+        self.counters.add(0, "resident_bytes", size)
+        return "slot", size
 
-def _send_error(results, job_id: int, index: int, exc: Exception) -> None:
-    text = f"{exc}\n\nin reading worker (pid {os.getpid()}):\n{traceback.format_exc()}"
-    results.send((job_id, index, "error", (type(exc), text)))
+    def send_error(self, job_id: int, index: int, exc: Exception) -> None:
+        text = f"{exc}\n\nin reading worker (pid {os.getpid()}):\n{traceback.format_exc()}"
+        counters = self.counters.values[0].tolist()
+        self.io.results.send((job_id, index, "error", (type(exc), text), counters))

@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
 
+import lancedb
 import numpy as np
 import pyarrow as pa
-import torch
 
 IO_THREADS = 2
 FIRST_READ_ROWS = 16
@@ -30,23 +32,41 @@ ReadRows = Callable[[np.ndarray], pa.Table]
 
 
 class ReadCounters:
-    """Counters of every reading process of a rank, in one shared-memory tensor.
+    """Counters of every reading process of a rank, in the main process.
 
-    Row ``r`` belongs to reader ``r`` (0: the main process, ``k + 1``: worker ``k``); the
-    main process sums the rows, so the counters cover the workers too.
+    Row ``r`` belongs to reader ``r`` (0: the main process, ``k + 1``: worker ``k``). A
+    worker keeps its own one-row counters and sends them with every batch
+    (:mod:`lightning_stream.lance.pool`), so the totals cover the workers too.
     """
 
     FIELDS = ("resident_bytes", "bytes_loaded", "rows_read")
 
     def __init__(self, readers: int) -> None:
-        self.values = torch.zeros(readers, len(self.FIELDS), dtype=torch.int64).share_memory_()
+        self.values = np.zeros((readers, len(self.FIELDS)), dtype=np.int64)
 
     def add(self, reader: int, field: str, amount: int) -> None:
         self.values[reader, self.FIELDS.index(field)] += amount
 
     def totals(self) -> dict[str, float]:
-        sums = self.values.sum(dim=0).tolist()
-        return dict(zip(self.FIELDS, map(float, sums), strict=True))
+        return dict(zip(self.FIELDS, map(float, self.values.sum(axis=0)), strict=True))
+
+
+@dataclass(frozen=True)
+class TableOpener:
+    """Picklable reopen of one table version, for the reading workers."""
+
+    uri: str
+    name: str
+    version: int
+    # credentials: out of repr (and so out of logs and errors)
+    storage_options: dict[str, str] | None = field(default=None, repr=False, compare=False)
+
+    def __call__(self) -> Any:
+        table = lancedb.connect(self.uri, storage_options=self.storage_options).open_table(
+            self.name
+        )
+        table.checkout(self.version)
+        return table
 
 
 def take_rows(table, columns: list[str] | None) -> ReadRows:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import lancedb
@@ -14,30 +13,13 @@ from lancedb.streaming import StreamingDataset
 
 from lightning_stream.batching import Batch
 from lightning_stream.lance.columns import BatchMaker, ColumnTypes
-from lightning_stream.lance.pool import ReaderPool, WorkerDied, cut
-from lightning_stream.lance.reader import BudgetedReader, ReadCounters, take_rows
+from lightning_stream.lance.pool import WORKER_MODULE, ReaderPool, WorkerDied, cut
+from lightning_stream.lance.reader import BudgetedReader, ReadCounters, TableOpener, take_rows
 from lightning_stream.plan import RankEpochPlan
 from lightning_stream.storage import storage_error
 from lightning_stream.workers import worker_context
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TableOpener:
-    """Picklable reopen of one table version, for the reading workers."""
-
-    uri: str
-    name: str
-    version: int
-    # credentials: out of repr (and so out of logs and errors)
-    storage_options: dict[str, str] | None = field(default=None, repr=False, compare=False)
-
-    def __call__(self, name: str | None = None) -> Any:
-        db = lancedb.connect(self.uri, storage_options=self.storage_options)
-        table = db.open_table(name or self.name)
-        table.checkout(self.version)
-        return table
 
 
 def open_table(
@@ -226,7 +208,7 @@ class LanceSource:
         streams = [rows[plan.reader_order(worker)] for worker in range(plan.num_workers)]
         pool = self.start_workers(plan.num_workers)
         try:
-            yield from pool.batches(streams, plan.batch_size)
+            yield from pool.batches(self, streams, plan.batch_size)
         except WorkerDied as exc:
             self.stop_workers()
             raise RuntimeError(
@@ -239,7 +221,7 @@ class LanceSource:
         """The rank's reading processes, started once and kept for every epoch."""
         if self.pool is None or self.pool.workers != workers:
             self.stop_workers()
-            context = worker_context(self.multiprocessing_context)
+            context = worker_context(self.multiprocessing_context, [WORKER_MODULE])
             self.pool = ReaderPool(self, workers, self.read_ahead_bytes, context)
         return self.pool
 
@@ -247,17 +229,6 @@ class LanceSource:
         if self.pool is not None:
             pool, self.pool = self.pool, None
             pool.close()
-
-    def __getstate__(self) -> dict[str, Any]:
-        # workers reopen the table themselves: lance handles are not picklable
-        state = dict(self.__dict__)
-        del state["table"], state["pool"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.table = self.opener()
-        self.pool = None
 
 
 def _split_rows(table: Any, *, split_len: int, **options: Any) -> np.ndarray:

@@ -19,7 +19,7 @@ from lightning_stream.storage import (
     pyarrow_filesystem,
     storage_error,
 )
-from lightning_stream.video.source import VideoSource, VideoSpec
+from lightning_stream.video.source import WORKER_MODULE, VideoSource, VideoSpec
 from lightning_stream.workers import start_forkserver
 
 log = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ class VideoEpisodeDataModule(StreamingDataModule):
         _, world_size = self._rank_and_world()
         check_topology(self.spec.num_splits, world_size, self.num_workers)
         if self.num_workers:
-            start_forkserver(self.multiprocessing_context)
+            start_forkserver(self.multiprocessing_context, [WORKER_MODULE])
         try:
             source = VideoSource(self.spec, self.multiprocessing_context)
         except OSError as exc:

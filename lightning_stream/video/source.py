@@ -29,6 +29,9 @@ from lightning_stream.video.plan import anchor_order, cut_splits, frame_offsets,
 from lightning_stream.video.sidecar import VideoFile, fingerprint, load_or_build
 from lightning_stream.workers import worker_context
 
+# what the video workers import (the forkserver imports it once for all of them)
+WORKER_MODULE = __name__
+
 
 @dataclass(frozen=True)
 class VideoSpec:
@@ -391,15 +394,16 @@ class VideoSource:
         stream = _ReaderStream(self.spec, epoch, plan, head_done=head_here)
         if plan.num_workers == 0:
             stream.reader = self.reader
+        context = None
+        if plan.num_workers:
+            context = worker_context(self.multiprocessing_context, [WORKER_MODULE])
         yield from self._note_skips(
             DataLoader(
                 stream,
                 batch_size=plan.batch_size,
                 num_workers=plan.num_workers,
                 collate_fn=default_collate,
-                multiprocessing_context=worker_context(self.multiprocessing_context)
-                if plan.num_workers
-                else None,
+                multiprocessing_context=context,
             )
         )
 
