@@ -91,3 +91,13 @@ def test_an_epoch_stopped_early_leaves_the_next_one_whole(heavy_uri):
     for batch in batches:
         assert_rows_match(batch, table)
     dm.teardown("fit")
+
+
+def test_workers_stop_with_their_data_module(heavy_uri):
+    dm = module(heavy_uri)
+    dm.setup("fit")
+    wait_for_readers(2)
+    started = readers()
+    del dm
+    gc.collect()
+    assert not any(process.is_alive() for process in started)

@@ -104,8 +104,8 @@ class ReaderPool:
             # job's rows fill the pipe until the worker reads them: neither holds up the
             # main process, which serves the batches itself until a worker takes over.
             feeder = threading.Thread(
-                target=self._feed,
-                args=(worker, process, (job_recv, result_send), job_send, outbox),
+                target=_feed,
+                args=(process, self.processes, worker, (job_recv, result_send), job_send, outbox),
                 name=f"lightning-stream-feeder-{worker}",
                 daemon=True,
             )
@@ -117,22 +117,6 @@ class ReaderPool:
         self._finalizer = weakref.finalize(
             self, _shutdown, self.outboxes, self.feeders, self.processes, self.results, self.arena
         )
-
-    def _feed(self, worker, process, child_ends, jobs, outbox) -> None:
-        with _starting:
-            process.start()
-        self.processes[worker] = process
-        for end in child_ends:
-            end.close()
-        while True:
-            job = outbox.get()
-            try:
-                jobs.send(job)
-            except OSError:
-                return  # the worker is gone; the main process finds out when it waits
-            if job is None:
-                jobs.close()
-                return
 
     def batches(
         self, source: LanceSource, streams: list[np.ndarray], batch_size: int
@@ -220,12 +204,32 @@ class ReaderPool:
         self._finalizer()
 
 
+def _feed(process, processes, worker, child_ends, jobs, outbox) -> None:
+    """Start a worker, then send it the jobs put in ``outbox`` (a feeder thread)."""
+    with _starting:
+        process.start()
+    processes[worker] = process
+    for end in child_ends:
+        end.close()
+    while True:
+        job = outbox.get()
+        try:
+            jobs.send(job)
+        except OSError:
+            return  # the worker is gone; the main process finds out when it waits
+        if job is None:
+            jobs.close()
+            return
+
+
 def _shutdown(outboxes, feeders, processes, results, arena) -> None:
     for outbox in outboxes:
         outbox.put(None)
     for worker, feeder in enumerate(feeders):
         feeder.join()
         process = processes[worker]
+        if process is None:
+            continue  # it never started
         process.join(timeout=5)
         if process.is_alive():
             process.terminate()
