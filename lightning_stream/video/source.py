@@ -382,15 +382,7 @@ class VideoSource:
     def chunks(self, epoch: int, consumed: list[int], plan: RankEpochPlan) -> Iterator[Batch]:
         head_here = plan.num_workers > 1
         if head_here:
-            rows = [
-                self.reader.sample(epoch, s, p) for s, p in reader_positions(plan, range(0), True)
-            ]
-            # the head's pieces are finished by the workers: do not keep them here
-            self.reader.resident.clear()
-            yield from self._note_skips(
-                default_collate(rows[start : start + plan.batch_size])
-                for start in range(0, len(rows), plan.batch_size)
-            )
+            yield from self._note_skips(self._head_batches(epoch, plan))
         stream = _ReaderStream(self.spec, epoch, plan, head_done=head_here)
         if plan.num_workers == 0:
             stream.reader = self.reader
@@ -406,6 +398,18 @@ class VideoSource:
                 multiprocessing_context=context,
             )
         )
+
+    def _head_batches(self, epoch: int, plan: RankEpochPlan) -> Iterator[Batch]:
+        """The head's batches, each decoded when it is asked for: the first batch waits
+        only for its own windows."""
+        positions = list(reader_positions(plan, range(0), True))
+        try:
+            for start in range(0, len(positions), plan.batch_size):
+                chunk = positions[start : start + plan.batch_size]
+                yield default_collate([self.reader.sample(epoch, s, p) for s, p in chunk])
+        finally:
+            # the head's pieces are finished by the workers: do not keep them here
+            self.reader.resident.clear()
 
     def _note_skips(self, batches: Iterable[Batch]) -> Iterator[Batch]:
         """Warn about, and count, the skipped windows of each batch (in the main process,
