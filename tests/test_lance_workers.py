@@ -77,19 +77,25 @@ def test_batches_are_the_same_whoever_reads_them(heavy_uri, budget):
     assert served[True][0] != served[True][1], "each epoch has its own order"
 
 
-def test_an_epoch_stopped_early_leaves_the_next_one_whole(heavy_uri):
+@pytest.mark.parametrize("budget", [8 * 2**20, 2**20])
+def test_an_epoch_stopped_early_leaves_the_next_one_whole(heavy_uri, budget):
     table = reference()
-    dm = module(heavy_uri)
+    dm = module(heavy_uri, budget)
     dm.setup("fit")
     wait_for_readers(2)
     for index, _ in enumerate(dm.train_dataloader()):
         if index == 5:
             break  # the workers hold batches the main process never takes
+    worker_rows = dm.stream.source.read_counters.values[1:, 2]
+    before = worker_rows.sum()
     batches = list(dm.train_dataloader())
     ids = torch.cat([batch["id"] for batch in batches])
     assert sorted(ids.tolist()) == list(range(HEAVY_ROWS))
     for batch in batches:
         assert_rows_match(batch, table)
+    # the workers took the next epoch up, even those blocked sending a batch (1 MiB:
+    # batches cross the pipe and fill it) of the one stopped early
+    assert worker_rows.sum() - before > HEAVY_ROWS // 2
     dm.teardown("fit")
 
 

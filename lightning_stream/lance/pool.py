@@ -21,8 +21,10 @@ script's own imports, which every spawned or forkserver worker runs again.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import queue
+import shutil
 import signal
 import threading
 import traceback
@@ -51,6 +53,7 @@ SLOTS = 4
 POLL_S = 0.2
 NO_JOB = -1
 _starting = threading.Lock()
+log = logging.getLogger(__name__)
 
 
 def cut(rows: int, batch_size: int) -> list[int]:
@@ -75,17 +78,23 @@ class ReaderPool:
     ) -> None:
         share = budget // workers
         self.workers = workers
-        self.slot_bytes = max(1, share // (4 * SLOTS))
+        # slots start 64-byte aligned, so Arrow reads the batch in place
+        self.slot_bytes = _slot_bytes(share // (4 * SLOTS), workers)
         self.read_budget = share - SLOTS * self.slot_bytes
         self.arena = SharedMemory(create=True, size=workers * SLOTS * self.slot_bytes)
         # per worker: [batches the main process claimed, job taken up, job current]
         self.handoff = context.Array("q", [0, NO_JOB, NO_JOB] * workers)
         self.credits = [context.Semaphore(SLOTS) for _ in range(workers)]
         self.processes: list[BaseProcess | None] = [None] * workers
+        self.start_errors: list[BaseException | None] = [None] * workers
         self.results: list[Connection] = []
         self.outboxes: list[queue.SimpleQueue] = []
         self.feeders: list[threading.Thread] = []
         self.next_job = 0
+        # also at exit, for a pool nobody closed (a data module used outside a Trainer)
+        self._finalizer = weakref.finalize(
+            self, _shutdown, self.outboxes, self.feeders, self.processes, self.results, self.arena
+        )
         for worker in range(workers):
             job_recv, job_send = context.Pipe(duplex=False)
             result_recv, result_send = context.Pipe(duplex=False)
@@ -105,7 +114,15 @@ class ReaderPool:
             # main process, which serves the batches itself until a worker takes over.
             feeder = threading.Thread(
                 target=_feed,
-                args=(process, self.processes, worker, (job_recv, result_send), job_send, outbox),
+                args=(
+                    process,
+                    self.processes,
+                    self.start_errors,
+                    worker,
+                    (job_recv, result_send),
+                    job_send,
+                    outbox,
+                ),
                 name=f"lightning-stream-feeder-{worker}",
                 daemon=True,
             )
@@ -113,10 +130,6 @@ class ReaderPool:
             self.results.append(result_recv)
             self.outboxes.append(outbox)
             self.feeders.append(feeder)
-        # also at exit, for a pool nobody closed (a data module used outside a Trainer)
-        self._finalizer = weakref.finalize(
-            self, _shutdown, self.outboxes, self.feeders, self.processes, self.results, self.arena
-        )
 
     def batches(
         self, source: LanceSource, streams: list[np.ndarray], batch_size: int
@@ -138,7 +151,7 @@ class ReaderPool:
         try:
             for index in range(len(sizes)):
                 for worker in range(self.workers):
-                    if self._claim(worker, index):
+                    if self._claim(worker, job, index):
                         if worker not in own:
                             offset = index * batch_size
                             own[worker] = source.reader(
@@ -152,20 +165,52 @@ class ReaderPool:
         finally:
             for reader in own.values():
                 reader.close()
-            with self.handoff.get_lock():
-                for worker in range(self.workers):
-                    self.handoff[3 * worker + 2] = NO_JOB
+            # without the lock (a worker killed while holding it must not hang this); a
+            # later epoch's job is left alone
+            handoff = self.handoff.get_obj()
+            for worker in range(self.workers):
+                if handoff[3 * worker + 2] == job:
+                    handoff[3 * worker + 2] = NO_JOB
 
-    def _claim(self, worker: int, index: int) -> bool:
+    def _claim(self, worker: int, job: int, index: int) -> bool:
         """Claim batch ``index`` of ``worker`` for the main process, unless it took over."""
+        if self.start_errors[worker] is not None:
+            raise WorkerDied(f"it could not start: {self.start_errors[worker]!r}")
+        handoff = self.handoff.get_obj()
+        if handoff[3 * worker + 2] != job:
+            raise RuntimeError("a later epoch of this data module started while this one ran")
+        lock = self.handoff.get_lock()
+        while not lock.acquire(timeout=POLL_S):
+            self._check_alive(worker)
+        try:
+            if handoff[3 * worker + 1] == job:
+                return False
+            # while this process holds the lock the worker cannot take the job up, so
+            # whatever it sent is from an epoch stopped early
+            self._drain(worker, job)
+            handoff[3 * worker] = index + 1
+            return True
+        finally:
+            lock.release()
+
+    def _check_alive(self, worker: int) -> None:
         process = self.processes[worker]
         if process is not None and process.exitcode is not None:
             raise WorkerDied(f"exit code {process.exitcode}")
-        with self.handoff.get_lock():
-            if self.handoff[3 * worker + 1] == self.handoff[3 * worker + 2]:
-                return False
-            self.handoff[3 * worker] = index + 1
-            return True
+
+    def _drain(self, worker: int, job: int) -> None:
+        """Take the messages left from an epoch stopped early, so that a worker blocked
+        sending one (a batch larger than a slot fills the pipe) takes up the next job."""
+        connection = self.results[worker]
+        while connection.poll(0):
+            try:
+                sent_job, _, kind, _, _ = connection.recv()
+            except (EOFError, ConnectionError) as exc:
+                raise WorkerDied(str(exc)) from exc
+            if sent_job == job:
+                raise RuntimeError(f"worker {worker} sent a batch before taking up its job")
+            if kind != "error":
+                self.credits[worker].release()
 
     def _receive(
         self, worker: int, job: int, index: int, make: Callable, counters: ReadCounters
@@ -173,9 +218,7 @@ class ReaderPool:
         connection = self.results[worker]
         while True:
             while not connection.poll(POLL_S):
-                process = self.processes[worker]
-                if not process.is_alive():
-                    raise WorkerDied(f"exit code {process.exitcode}")
+                self._check_alive(worker)
             try:
                 sent_job, sent_index, kind, payload, sent_counters = connection.recv()
             except (EOFError, ConnectionError) as exc:
@@ -204,13 +247,22 @@ class ReaderPool:
         self._finalizer()
 
 
-def _feed(process, processes, worker, child_ends, jobs, outbox) -> None:
-    """Start a worker, then send it the jobs put in ``outbox`` (a feeder thread)."""
-    with _starting:
-        process.start()
+def _feed(process, processes, start_errors, worker, child_ends, jobs, outbox) -> None:
+    """Start a worker, then send it the jobs put in ``outbox`` (a feeder thread).
+
+    It holds the pool's lists, not the pool, so that a pool nobody refers to is collected
+    (and its workers stopped).
+    """
+    try:
+        with _starting:
+            process.start()
+    except Exception as exc:
+        start_errors[worker] = exc
+        return
+    finally:
+        for end in child_ends:
+            end.close()
     processes[worker] = process
-    for end in child_ends:
-        end.close()
     while True:
         job = outbox.get()
         try:
@@ -225,19 +277,41 @@ def _feed(process, processes, worker, child_ends, jobs, outbox) -> None:
 def _shutdown(outboxes, feeders, processes, results, arena) -> None:
     for outbox in outboxes:
         outbox.put(None)
-    for worker, feeder in enumerate(feeders):
-        feeder.join()
-        process = processes[worker]
+    # a worker blocked sending a batch nobody will take gets a broken pipe and exits
+    for connection in results:
+        connection.close()
+    for process in processes:
         if process is None:
             continue  # it never started
         process.join(timeout=5)
         if process.is_alive():
             process.terminate()
             process.join()
-    for connection in results:
-        connection.close()
-    arena.close()
-    arena.unlink()
+    for feeder in feeders:
+        feeder.join(timeout=5)
+    try:
+        arena.unlink()
+    finally:
+        arena.close()
+
+
+def _slot_bytes(wanted: int, workers: int) -> int:
+    """Slot size: ``wanted``, or less when /dev/shm cannot hold every slot (a container's
+    default is 64 MiB); rounded down to 64 bytes. A batch larger than its slot crosses
+    the pipe instead."""
+    try:
+        free = shutil.disk_usage("/dev/shm").free
+    except OSError:
+        free = wanted * workers * SLOTS
+    fits = free // (2 * workers * SLOTS)  # leave half of what is free to others
+    if fits < wanted:
+        log.warning(
+            "/dev/shm has %d MiB free: the reading workers' shared-memory slots shrink from"
+            " %d to %d KiB each (larger batches cross a pipe, slower); give the container"
+            " more shared memory (docker run --shm-size)",
+            free // 2**20, wanted // 1024, fits // 1024,
+        )  # fmt: skip
+    return max(64, min(wanted, fits) // 64 * 64)
 
 
 def _rebuilt(error_type: type[BaseException], message: str) -> BaseException:
@@ -291,7 +365,10 @@ def _work(
     # Ctrl-C reaches the whole process group: the main process decides what stops
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     served = _Worker(worker, io)
-    table = opener()
+    try:
+        table = opener()  # ready before the first job; a failure is reported with it
+    except Exception:
+        table = None
     try:
         while True:
             try:
@@ -301,13 +378,15 @@ def _work(
             if job is None:
                 return
             job_id, rows, batch_size, job_opener, make = job
-            if job_opener != opener:  # resumed on the version a checkpoint read
-                opener, table = job_opener, job_opener()
-            with io.handoff.get_lock():
-                if io.handoff[3 * worker + 2] != job_id:
-                    continue  # stopped before this worker got to it
-                start = io.handoff[3 * worker]
-                io.handoff[3 * worker + 1] = job_id
+            start = served.take_up(job_id)
+            if start is None:
+                continue  # stopped before this worker got to it
+            try:
+                if table is None or job_opener != opener:  # a resume pins another version
+                    opener, table = job_opener, job_opener()
+            except Exception as exc:
+                served.send_error(job_id, start, exc)
+                continue
             reader = BudgetedReader(
                 take_rows(table, columns), rows[start * batch_size :], budget, served.counters, 0
             )
@@ -333,13 +412,32 @@ class _Worker:
         self.held = [0] * SLOTS  # bytes written to each slot, counted until it is reused
 
     def current(self, job_id: int) -> bool:
-        return self.io.handoff[3 * self.worker + 2] == job_id
+        # without the lock: a main process killed while holding it must not hang this
+        return self.io.handoff.get_obj()[3 * self.worker + 2] == job_id
+
+    def take_up(self, job_id: int) -> int | None:
+        """Take the job up from the first batch the main process has not claimed; ``None``
+        if the main process has stopped it already."""
+        lock = self.io.handoff.get_lock()
+        while not lock.acquire(timeout=POLL_S):
+            if not self.current(job_id) or self.io.jobs.poll():
+                return None
+        try:
+            handoff = self.io.handoff.get_obj()
+            if handoff[3 * self.worker + 2] != job_id:
+                return None
+            handoff[3 * self.worker + 1] = job_id
+            return handoff[3 * self.worker]
+        finally:
+            lock.release()
 
     def serve(self, job_id: int, start: int, tables: Iterator[pa.Table], make) -> None:
         """Send the job's batches from ``start`` on, until it ends or the main process
         stops it."""
         io = self.io
         for index in itertools.count(start):
+            if not self.current(job_id):
+                return  # the main process stopped this epoch
             try:
                 table = next(tables)
             except StopIteration:
