@@ -13,6 +13,14 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = "lightning_stream.demo"
 
 
+def last_step(ledger_dir: Path) -> int:
+    """The highest step in a run's ledger so far; -1 before its first entry."""
+    try:
+        return max(entry["step"] for entry in ledger.read(ledger_dir))
+    except (ValueError, FileNotFoundError):
+        return -1
+
+
 def train_command(workdir: Path, name: str, *args: str, module=DEMO):
     out = workdir / name
     return out, [

@@ -22,7 +22,7 @@ from lightning_stream import LanceDataModule, StreamStateCallback, ledger
 from lightning_stream.demo import LedgerModel
 from lightning_stream.inspect import read_stream_record
 
-from .conftest import ENV, ROOT, ROWS, assert_exact, train_command
+from .conftest import ENV, ROOT, ROWS, assert_exact, last_step, train_command
 
 
 def module(table_dir, **options):
@@ -163,7 +163,7 @@ def _run_job(command, sigterm_after_step=None, timeout=180):
         if sigterm_after_step is not None:
             deadline = time.monotonic() + timeout
             while job.poll() is None and time.monotonic() < deadline:
-                if _last_step(ledger_dir) >= sigterm_after_step:
+                if last_step(ledger_dir) >= sigterm_after_step:
                     os.killpg(job.pid, signal.SIGTERM)  # every rank, as a scheduler does
                     break
                 time.sleep(0.02)
@@ -181,13 +181,6 @@ def _rank_lines(ledger_dir):
 
 def _entries(lines):
     return [json.loads(line) for line in lines if line.strip()]
-
-
-def _last_step(ledger_dir):
-    try:
-        return max(entry["step"] for entry in ledger.read(ledger_dir))
-    except (ValueError, FileNotFoundError):
-        return -1
 
 
 def test_test_and_predict_over_2_processes_read_each_row_once(table_dir):

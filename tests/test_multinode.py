@@ -8,17 +8,10 @@ import time
 from lightning_stream import ledger
 from lightning_stream.inspect import read_stream_record
 
-from .conftest import ENV, ROOT, assert_exact, train, train_command
+from .conftest import ENV, ROOT, assert_exact, last_step, train, train_command
 from .s3_server import free_port
 
 KILL_AFTER = 16  # an epoch is 40 steps: 240 rows, 2 processes, batch 3
-
-
-def last_step(ledger_dir):
-    try:
-        return max(entry["step"] for entry in ledger.read(ledger_dir))
-    except (ValueError, FileNotFoundError):
-        return -1
 
 
 def test_two_nodes_killed_mid_epoch_resume_exactly_on_one_node_of_two_devices(table_dir):

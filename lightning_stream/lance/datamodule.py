@@ -13,11 +13,10 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_stream.batching import Batch
 from lightning_stream.datamodule import StreamingDataModule
-from lightning_stream.lance.pool import WORKER_MODULE
 from lightning_stream.lance.source import LanceSource
 from lightning_stream.plan import check_topology
 from lightning_stream.storage import check_options, is_remote
-from lightning_stream.workers import check_main_guard, check_picklable, start_forkserver
+from lightning_stream.workers import check_main_guard, check_picklable
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +178,6 @@ class LanceDataModule(StreamingDataModule):
         if self.num_workers:
             check_picklable(self.transform, "transform")
             check_main_guard()
-            start_forkserver(self.multiprocessing_context, [WORKER_MODULE])
         if stage == "fit":
             source = self._source(self.table, self.filter, self.shuffle, self.version)
             self._check_rows(source, "filter", self.filter)
