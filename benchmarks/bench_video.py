@@ -15,6 +15,15 @@ Reported: windows/s of each and their ratio, decoded frames per delivered frame,
 read per epoch over the dataset's total video bytes, and the module's peak RSS (process
 tree) next to its byte budget.
 
+    python benchmarks/bench_video.py --workers
+
+``--workers`` runs the module at 0 and at 2 workers, each in a fresh process, alternating,
+``--rounds`` times: ``setup`` then three epochs. Reported per configuration (the best
+round): the time from the start of ``setup`` to the first batch, then per epoch the time
+to its first batch and windows/s over the epoch after its first batch; then 2 workers /
+0 workers over the epochs after the first (the workers persist: started at ``setup``,
+they serve every epoch).
+
     python benchmarks/bench_video.py --s3
 
 ``--s3`` starts an S3-protocol server on 127.0.0.1 (moto, ``tests/s3_server.py``),
@@ -28,6 +37,9 @@ dataset's MP4 bytes.
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -185,12 +197,71 @@ def compare_s3(root: Path, rounds: int) -> None:
     print(f"bytes served by S3 per epoch / video bytes: {min(served) / video_bytes:.2f}")
 
 
+def workers_run(root: str, sidecars: str, workers: int) -> dict:
+    """setup, then three epochs, at ``workers`` workers (run in a fresh process)."""
+    from lightning_stream.video.datamodule import VideoEpisodeDataModule
+
+    dm = VideoEpisodeDataModule(
+        root, delta_timestamps=DELTAS, num_splits=24, batch_size=16, sidecar_dir=sidecars,
+        byte_budget_gb=BUDGET_GB, num_workers=workers,
+    )  # fmt: skip
+    start = time.perf_counter()
+    dm.setup("fit")
+    epochs = []
+    for _ in range(3):
+        stamps = [(time.perf_counter(), len(batch["index"])) for batch in dm.train_dataloader()]
+        after = sum(n for _, n in stamps[1:]) / (stamps[-1][0] - stamps[0][0])
+        epochs.append({"first_batch_s": stamps[0][0] - start, "windows_per_s": after})
+        if len(epochs) == 1:
+            epochs[0]["from_setup_s"] = epochs[0]["first_batch_s"]
+        start = time.perf_counter()
+    dm.teardown("fit")
+    return {"epochs": epochs}
+
+
+def compare_workers(root: Path, rounds: int) -> None:
+    """0 and 2 workers, each in a fresh process, alternating."""
+    from lightning_stream.video.datamodule import VideoEpisodeDataModule
+
+    sidecars = root.parent / "sidecars"
+    VideoEpisodeDataModule(str(root), sidecar_dir=str(sidecars)).setup("fit")  # not timed
+    best: dict[int, dict] = {}
+    for _ in range(rounds):
+        for workers in (0, 2):
+            command = [sys.executable, __file__, "--one", str(workers), str(root), str(sidecars)]
+            output = subprocess.run(command, capture_output=True, text=True, check=False)
+            line = next((x for x in output.stdout.splitlines() if x.startswith("RESULT ")), None)
+            if line is None:
+                raise RuntimeError(f"{workers} workers failed:\n{output.stderr[-4000:]}")
+            result = json.loads(line.removeprefix("RESULT "))
+            rate = statistics.mean(e["windows_per_s"] for e in result["epochs"][1:])
+            if workers not in best or rate > best[workers]["rate"]:
+                best[workers] = {**result, "rate": rate}
+    for workers, result in best.items():
+        epochs = result["epochs"]
+        print(f"{workers} workers: setup to 1st batch {epochs[0]['from_setup_s']:.2f} s")
+        for number, epoch in enumerate(epochs):
+            print(f"  epoch {number}: 1st batch after {epoch['first_batch_s']:.2f} s,"
+                  f" {epoch['windows_per_s']:.0f} windows/s after it")  # fmt: skip
+    later = [statistics.mean(best[w]["epochs"][e]["first_batch_s"] for e in (1, 2)) for w in (0, 2)]
+    print(f"windows/s after the first epoch, 2 workers / 0 workers:"
+          f" {best[2]['rate'] / best[0]['rate']:.2f}")  # fmt: skip
+    print(f"first batch of epochs 1-2, 2 workers / 0 workers: {later[1] / later[0]:.2f};"
+          f" of epoch 0 (from setup): {best[2]['epochs'][0]['from_setup_s']:.2f} s"
+          f" / {best[0]['epochs'][0]['from_setup_s']:.2f} s")  # fmt: skip
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--one"]:
+        workers, root, sidecars = sys.argv[2:5]
+        print("RESULT " + json.dumps(workers_run(root, sidecars, int(workers))))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=24)
     parser.add_argument("--naive-windows", type=int, default=400)
     parser.add_argument("--s3", action="store_true", help="local disk next to S3 (moto)")
-    parser.add_argument("--rounds", type=int, default=2, help="--s3 rounds (best kept)")
+    parser.add_argument("--workers", action="store_true", help="0 workers next to 2")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds (best kept)")
     args = parser.parse_args()
     from lightning_stream.video.synthetic import write_dataset
 
@@ -200,6 +271,8 @@ def main() -> None:
         write_dataset(root, lengths)
         if args.s3:
             compare_s3(root, args.rounds)
+        elif args.workers:
+            compare_workers(root, args.rounds)
         else:
             run(root, args.naive_windows)
 

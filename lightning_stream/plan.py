@@ -10,9 +10,9 @@ The state of a stream is, per split, how many of its rows ``training_step`` has 
 in the current epoch. After an elastic resume a rank's splits can have unequal counts; the
 rank then first serves the lagging splits until its counts are level (lowest count first,
 lower split index on ties, as lancedb does), because lancedb's loader cannot start several
-workers from uneven counts. A rank with several workers also serves whole round-robin
-cycles in its own process until its first batch is full: the workers start up while
-``training_step`` runs on it, instead of before the first batch.
+workers from uneven counts. The workers start at setup and serve every epoch, so a rank
+serves no other row in its own process (a row read there would be one more read or
+decode beside the workers').
 
 Every rank must take the same number of steps in an epoch (DDP pairs collectives by
 step), so :class:`RankEpochPlan` shapes each rank's remainder into the same number of
@@ -132,23 +132,16 @@ class RankEpochPlan:
 
     @cached_property
     def head(self) -> list[int]:
-        """Local split index of each row a rank with several workers serves itself first.
-
-        With at most one worker the reader catches up by itself, in the same order.
-        """
-        catch_up = catch_up_order(self.start)
-        if self.num_workers <= 1:
-            return catch_up
-        splits = len(self.splits)
-        wanted = math.ceil(max(0, self.batch_size - len(catch_up)) / splits)
-        cycles = min(self.split_len - max(self.start, default=0), wanted)
-        return catch_up + list(range(splits)) * cycles
+        """Local split index of each row served before the cycles: the lagging splits'
+        rows after an elastic resume, until every count is level. A rank with several
+        workers serves them in its own process; one reader catches up by itself, in the
+        same order."""
+        return catch_up_order(self.start)
 
     @cached_property
     def level(self) -> int:
         """The equal count of every split once the head rows are served."""
-        catch_up = len(catch_up_order(self.start))
-        return max(self.start, default=0) + (len(self.head) - catch_up) // max(1, len(self.splits))
+        return max(self.start, default=0)
 
     @cached_property
     def rows(self) -> int:

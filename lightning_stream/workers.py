@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import ast
 import multiprocessing
-import multiprocessing.forkserver
 import pickle
 import sys
-import threading
 from typing import Any
 
 
@@ -102,16 +100,3 @@ def script_imports() -> list[str]:
                 defined_in = getattr(getattr(package, alias.name, None), "__module__", None)
                 names += [f"{node.module}.{alias.name}", defined_in or ""]
     return list(dict.fromkeys(name for name in names if name in sys.modules))
-
-
-def start_forkserver(method: str, modules: list[str]) -> None:
-    """Start the workers' forkserver now, in the background, if ``method`` uses one.
-
-    It takes seconds to import what it preloads; started at setup, it is ready by the
-    time the first epoch starts its workers.
-    """
-    if method == "forkserver":
-        worker_context(method, modules)
-        threading.Thread(
-            target=multiprocessing.forkserver.ensure_running, name="forkserver-start", daemon=True
-        ).start()

@@ -25,10 +25,6 @@ def simulate_rank_stream(start, split_len, num_workers, batch_size):
         index = min(range(len(counts)), key=lambda i: (counts[i], i))
         counts[index] += 1
         order.append(index)
-    if num_workers > 1:  # whole cycles in the main process until the first batch is full
-        while len(order) < batch_size and level < split_len:
-            order.extend(range(len(counts)))
-            level += 1
     workers = max(1, num_workers)
     per_worker = len(counts) // workers
     streams = []

@@ -7,11 +7,11 @@ workers, which copies every value out) and frees the slot. Only a few bytes cros
 pipe per batch. A batch larger than a slot, or the output of a ``transform`` (run in the
 worker), crosses the pipe pickled instead.
 
-The workers start once, when the pool is created (at ``setup``), and serve every epoch.
-Until a worker has taken up an epoch's job, the main process reads that worker's batches
-itself (claiming them one at a time under a lock), so the first batches never wait for a
-worker to start, and a worker takes over from the first batch nobody claimed. Which rows
-form which batch never depends on who reads it.
+The workers start once, when the pool is created (at ``setup``), and serve every epoch;
+like a ``DataLoader``'s, the first batch waits for them. The main process reads no row
+a worker reads: with its reading beside the workers' start, a rank's processes held
+0.1 GB more and the first epoch was no faster (two cores). An epoch stopped early
+(``current`` no longer names its job) is abandoned by the workers at their next batch.
 
 This module and :mod:`~lightning_stream.lance.reader` are all a worker imports (with
 lancedb, pyarrow and numpy; torch only to run a ``transform``), besides the training
@@ -20,6 +20,8 @@ script's own imports, which every spawned or forkserver worker runs again.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import itertools
 import logging
 import os
@@ -52,6 +54,8 @@ WORKER_MODULE = __name__
 SLOTS = 4
 POLL_S = 0.2
 NO_JOB = -1
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MMAP_THRESHOLD_BYTES = 2**20
 _starting = threading.Lock()
 log = logging.getLogger(__name__)
 
@@ -82,8 +86,8 @@ class ReaderPool:
         self.slot_bytes = _slot_bytes(share // (4 * SLOTS), workers)
         self.read_budget = share - SLOTS * self.slot_bytes
         self.arena = SharedMemory(create=True, size=workers * SLOTS * self.slot_bytes)
-        # per worker: [batches the main process claimed, job taken up, job current]
-        self.handoff = context.Array("q", [0, NO_JOB, NO_JOB] * workers)
+        # per worker: the job it serves; written by the main process only
+        self.current = context.Array("q", [NO_JOB] * workers, lock=False)
         self.credits = [context.Semaphore(SLOTS) for _ in range(workers)]
         self.processes: list[BaseProcess | None] = [None] * workers
         self.start_errors: list[BaseException | None] = [None] * workers
@@ -99,7 +103,7 @@ class ReaderPool:
             job_recv, job_send = context.Pipe(duplex=False)
             result_recv, result_send = context.Pipe(duplex=False)
             channels = _Channels(
-                self.arena.name, self.slot_bytes, job_recv, result_send, self.handoff,
+                self.arena.name, self.slot_bytes, job_recv, result_send, self.current,
                 self.credits[worker],
             )  # fmt: skip
             process = context.Process(
@@ -139,83 +143,35 @@ class ReaderPool:
         job = self.next_job
         self.next_job += 1
         sizes = cut(len(streams[0]), batch_size)
-        with self.handoff.get_lock():
-            for worker in range(self.workers):
-                self.handoff[3 * worker : 3 * worker + 3] = [0, NO_JOB, job]
+        # a worker still serving an earlier epoch (stopped early) drops it at this
+        self.current[:] = [job] * self.workers
         make = source.batch_maker()
         # without a transform the main process makes every batch from the Arrow rows
         sent_make = make if source.transform is not None else None
         for worker, rows in enumerate(streams):
             self.outboxes[worker].put((job, rows, batch_size, source.opener, sent_make))
-        own: dict[int, Iterator[pa.Table]] = {}
         try:
             for index in range(len(sizes)):
                 for worker in range(self.workers):
-                    if self._claim(worker, job, index):
-                        if worker not in own:
-                            offset = index * batch_size
-                            own[worker] = source.reader(
-                                streams[worker][offset:], self.read_budget
-                            ).batches(sizes[index:])
-                        yield make(next(own[worker]))
-                    else:
-                        if worker in own:
-                            own.pop(worker).close()
-                        yield self._receive(worker, job, index, make, source.read_counters)
+                    yield self._receive(worker, job, index, make, source.read_counters)
         finally:
-            for reader in own.values():
-                reader.close()
-            # without the lock (a worker killed while holding it must not hang this); a
-            # later epoch's job is left alone
-            handoff = self.handoff.get_obj()
             for worker in range(self.workers):
-                if handoff[3 * worker + 2] == job:
-                    handoff[3 * worker + 2] = NO_JOB
-
-    def _claim(self, worker: int, job: int, index: int) -> bool:
-        """Claim batch ``index`` of ``worker`` for the main process, unless it took over."""
-        if self.start_errors[worker] is not None:
-            raise WorkerDied(f"it could not start: {self.start_errors[worker]!r}")
-        handoff = self.handoff.get_obj()
-        if handoff[3 * worker + 2] != job:
-            raise RuntimeError("a later epoch of this data module started while this one ran")
-        lock = self.handoff.get_lock()
-        while not lock.acquire(timeout=POLL_S):
-            self._check_alive(worker)
-        try:
-            if handoff[3 * worker + 1] == job:
-                return False
-            # while this process holds the lock the worker cannot take the job up, so
-            # whatever it sent is from an epoch stopped early
-            self._drain(worker, job)
-            handoff[3 * worker] = index + 1
-            return True
-        finally:
-            lock.release()
+                if self.current[worker] == job:  # a later epoch's job is left alone
+                    self.current[worker] = NO_JOB
 
     def _check_alive(self, worker: int) -> None:
+        if self.start_errors[worker] is not None:
+            raise WorkerDied(f"it could not start: {self.start_errors[worker]!r}")
         process = self.processes[worker]
         if process is not None and process.exitcode is not None:
             raise WorkerDied(f"exit code {process.exitcode}")
-
-    def _drain(self, worker: int, job: int) -> None:
-        """Take the messages left from an epoch stopped early, so that a worker blocked
-        sending one (a batch larger than a slot fills the pipe) takes up the next job."""
-        connection = self.results[worker]
-        while connection.poll(0):
-            try:
-                sent_job, _, kind, _, _ = connection.recv()
-            except (EOFError, ConnectionError) as exc:
-                raise WorkerDied(str(exc)) from exc
-            if sent_job == job:
-                raise RuntimeError(f"worker {worker} sent a batch before taking up its job")
-            if kind != "error":
-                self.credits[worker].release()
 
     def _receive(
         self, worker: int, job: int, index: int, make: Callable, counters: ReadCounters
     ) -> Batch:
         connection = self.results[worker]
+        if self.current[worker] != job:
+            raise RuntimeError("a later epoch of this data module started while this one ran")
         while True:
             while not connection.poll(POLL_S):
                 self._check_alive(worker)
@@ -224,7 +180,7 @@ class ReaderPool:
             except (EOFError, ConnectionError) as exc:
                 raise WorkerDied(str(exc)) from exc
             counters.values[worker + 1] = sent_counters
-            if sent_job != job:  # left over from an epoch the main process stopped early
+            if sent_job != job:  # left over from an epoch stopped early
                 if kind != "error":
                     self.credits[worker].release()
                 continue
@@ -349,21 +305,22 @@ def _inline(rows: pa.Table) -> pa.Buffer:
 class _Channels:
     """What connects one worker to the main process (picklable while it starts)."""
 
-    def __init__(self, arena_name, slot_bytes, jobs, results, handoff, credits) -> None:
+    def __init__(self, arena_name, slot_bytes, jobs, results, current, credits) -> None:
         self.arena_name = arena_name
         self.slot_bytes = slot_bytes
         self.jobs = jobs
         self.results = results
-        self.handoff = handoff
+        self.current = current
         self.credits = credits
 
 
 def _work(
     worker: int, opener: TableOpener, columns: list[str] | None, budget: int, io: _Channels
 ) -> None:
-    """A worker process: take up each job from where the main process left it."""
+    """A worker process: serve each job it is sent, unless a later one replaced it."""
     # Ctrl-C reaches the whole process group: the main process decides what stops
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _unmap_large_blocks()
     served = _Worker(worker, io)
     try:
         table = opener()  # ready before the first job; a failure is reported with it
@@ -378,27 +335,38 @@ def _work(
             if job is None:
                 return
             job_id, rows, batch_size, job_opener, make = job
-            start = served.take_up(job_id)
-            if start is None:
+            if not served.current(job_id):
                 continue  # stopped before this worker got to it
             try:
                 if table is None or job_opener != opener:  # a resume pins another version
                     opener, table = job_opener, job_opener()
             except Exception as exc:
-                served.send_error(job_id, start, exc)
+                served.send_error(job_id, 0, exc)
                 continue
             reader = BudgetedReader(
-                take_rows(table, columns), rows[start * batch_size :], budget, served.counters, 0
+                take_rows(table, columns), rows, budget, served.counters, 0, io_threads=1
             )
-            tables = reader.batches(cut(len(rows), batch_size)[start:])
+            tables = reader.batches(cut(len(rows), batch_size))
             try:
-                served.serve(job_id, start, tables, make)
+                served.serve(job_id, tables, make)
             finally:
                 tables.close()
     except (BrokenPipeError, ConnectionResetError):
         return  # the main process is gone
     finally:
         served.arena.close()
+
+
+def _unmap_large_blocks() -> None:
+    """Have this worker's malloc map large blocks and unmap them when freed.
+
+    glibc raises its mmap threshold with every large block freed (up to 32 MiB), after
+    which lance's read buffers come from its heaps and stay resident when freed: a
+    worker then held about 60 MB more than what it was reading. A fixed threshold (which
+    also stops the raising) returns each read's buffers to the system. Not glibc: no-op.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
 
 
 class _Worker:
@@ -412,30 +380,12 @@ class _Worker:
         self.held = [0] * SLOTS  # bytes written to each slot, counted until it is reused
 
     def current(self, job_id: int) -> bool:
-        # without the lock: a main process killed while holding it must not hang this
-        return self.io.handoff.get_obj()[3 * self.worker + 2] == job_id
+        return self.io.current[self.worker] == job_id
 
-    def take_up(self, job_id: int) -> int | None:
-        """Take the job up from the first batch the main process has not claimed; ``None``
-        if the main process has stopped it already."""
-        lock = self.io.handoff.get_lock()
-        while not lock.acquire(timeout=POLL_S):
-            if not self.current(job_id) or self.io.jobs.poll():
-                return None
-        try:
-            handoff = self.io.handoff.get_obj()
-            if handoff[3 * self.worker + 2] != job_id:
-                return None
-            handoff[3 * self.worker + 1] = job_id
-            return handoff[3 * self.worker]
-        finally:
-            lock.release()
-
-    def serve(self, job_id: int, start: int, tables: Iterator[pa.Table], make) -> None:
-        """Send the job's batches from ``start`` on, until it ends or the main process
-        stops it."""
+    def serve(self, job_id: int, tables: Iterator[pa.Table], make) -> None:
+        """Send the job's batches until it ends or the main process stops it."""
         io = self.io
-        for index in itertools.count(start):
+        for index in itertools.count():
             if not self.current(job_id):
                 return  # the main process stopped this epoch
             try:

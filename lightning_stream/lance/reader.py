@@ -19,6 +19,9 @@ import lancedb
 import numpy as np
 import pyarrow as pa
 
+# Reads that run while the main process works on the table before them. A reading
+# worker runs one: the rank's workers together then run as many lance reads (and hold
+# what each holds while it runs) as the main process does without workers.
 IO_THREADS = 2
 FIRST_READ_ROWS = 16
 # Reads grow 4x from one to the next up to this size: small first reads bring the first
@@ -104,6 +107,7 @@ class BudgetedReader:
             still served.
         counters: shared counters, updated under ``reader``'s row.
         reader: this reader's row in ``counters``.
+        io_threads: reads in flight at once (default ``IO_THREADS``).
     """
 
     def __init__(
@@ -113,8 +117,10 @@ class BudgetedReader:
         budget: int,
         counters: ReadCounters,
         reader: int,
+        io_threads: int = IO_THREADS,
     ) -> None:
         self.read = read
+        self.io_threads = io_threads
         self.row_ids = row_ids
         self.budget = budget
         self.counters = counters
@@ -131,30 +137,36 @@ class BudgetedReader:
         if self.row_bytes is None:
             self.read_rows = FIRST_READ_ROWS
         else:
-            read_bytes = min(READ_BYTES, self.budget // (IO_THREADS + 1))
+            read_bytes = min(READ_BYTES, self.budget // (self.io_threads + 1))
             fits = max(1, int(read_bytes // max(1.0, self.row_bytes)))
             self.read_rows = min(self.read_rows * GROWTH, fits)
         return self.read_rows
 
     def tables(self) -> Iterator[pa.Table]:
-        """The rows in order, as Arrow tables of one read each."""
+        """The rows in order, as Arrow tables of one read each; the next reads run while
+        the consumer works on a table."""
         pending: deque[tuple[Future, int]] = deque()
         next_row = 0
         total = len(self.row_ids)
-        with ThreadPoolExecutor(IO_THREADS, thread_name_prefix="lance-read") as pool:
+        with ThreadPoolExecutor(self.io_threads, thread_name_prefix="lance-read") as pool:
+
+            def start_reads() -> None:
+                nonlocal next_row
+                while next_row < total and len(pending) < self.io_threads:
+                    if self.row_bytes is None and pending:
+                        return  # learn the row size before sizing more reads
+                    rows = min(self._next_read_rows(), total - next_row)
+                    estimate = int(rows * (self.row_bytes or 0))
+                    if self.held and self.held + estimate > self.budget:
+                        return
+                    ids = self.row_ids[next_row : next_row + rows]
+                    pending.append((pool.submit(self.read, ids), estimate))
+                    self._hold(estimate)
+                    next_row += rows
+
             try:
                 while next_row < total or pending:
-                    while next_row < total and len(pending) < IO_THREADS:
-                        if self.row_bytes is None and pending:
-                            break  # learn the row size before sizing more reads
-                        rows = min(self._next_read_rows(), total - next_row)
-                        estimate = int(rows * (self.row_bytes or 0))
-                        if pending and self.held + estimate > self.budget:
-                            break
-                        ids = self.row_ids[next_row : next_row + rows]
-                        pending.append((pool.submit(self.read, ids), estimate))
-                        self._hold(estimate)
-                        next_row += rows
+                    start_reads()
                     future, estimate = pending.popleft()
                     table = future.result()
                     size = table.nbytes
@@ -163,6 +175,7 @@ class BudgetedReader:
                     self.counters.add(self.reader, "bytes_loaded", size)
                     self.counters.add(self.reader, "rows_read", table.num_rows)
                     try:
+                        start_reads()
                         yield table
                     finally:
                         self._hold(-size)

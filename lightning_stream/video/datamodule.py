@@ -19,8 +19,7 @@ from lightning_stream.storage import (
     pyarrow_filesystem,
     storage_error,
 )
-from lightning_stream.video.source import WORKER_MODULE, VideoSource, VideoSpec
-from lightning_stream.workers import start_forkserver
+from lightning_stream.video.source import VideoSource, VideoSpec
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +177,6 @@ class VideoEpisodeDataModule(StreamingDataModule):
             return
         _, world_size = self._rank_and_world()
         check_topology(self.spec.num_splits, world_size, self.num_workers)
-        if self.num_workers:
-            start_forkserver(self.multiprocessing_context, [WORKER_MODULE])
         try:
             source = VideoSource(self.spec, self.multiprocessing_context)
         except OSError as exc:
@@ -195,6 +192,13 @@ class VideoEpisodeDataModule(StreamingDataModule):
             self.spec.num_splits, source.split_len, source.dropped,
         )  # fmt: skip
         self._start_stream(source, self.num_workers)
+        if self.num_workers:
+            source.start_workers(self.num_workers, self._served_batch_size())
+
+    def teardown(self, stage: str) -> None:
+        """Stops the decoding workers that ``setup("fit")`` started."""
+        if stage == "fit" and self.stream is not None:
+            self.stream.source.stop_workers()
 
     def _check_keys(self, source: VideoSource) -> None:
         known = set(source.reader.dataset.features)

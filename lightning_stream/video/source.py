@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -310,23 +311,42 @@ def reader_positions(plan: RankEpochPlan, splits: range, head: bool) -> Iterator
             yield split, position
 
 
-class _ReaderStream(IterableDataset):
-    """The rows of this rank after its head, split over the DataLoader's workers."""
+def reader_samples(
+    reader: EpisodeReader, epoch: int, plan: RankEpochPlan, worker: int, workers: int, head: bool
+) -> Iterator[dict[str, Any]]:
+    """The samples reader ``worker`` of ``workers`` serves (its contiguous block of the
+    rank's splits), with the plan's head first if ``head``."""
+    splits = plan.splits
+    if workers > 1:
+        per_worker = len(splits) // workers
+        splits = splits[worker * per_worker : (worker + 1) * per_worker]
+    for split, position in reader_positions(plan, splits, head):
+        yield reader.sample(epoch, split, position)
 
-    def __init__(self, spec: VideoSpec, epoch: int, plan: RankEpochPlan, head_done: bool) -> None:
+
+class _WorkerStream(IterableDataset):
+    """What a persistent DataLoader worker serves: each epoch's job (epoch, plan, whether
+    the main process served the head) arrives through the worker's queue, and the
+    worker's :class:`EpisodeReader` (its Parquet columns, open files and indexes) serves
+    every epoch."""
+
+    def __init__(self, spec: VideoSpec, jobs: list[Any]) -> None:
         super().__init__()
-        self.spec, self.epoch, self.plan, self.head_done = spec, epoch, plan, head_done
+        self.spec, self.jobs = spec, jobs
         self.reader: EpisodeReader | None = None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
-        splits = self.plan.splits
-        if info is not None:
-            per_worker = len(splits) // info.num_workers
-            splits = splits[info.id * per_worker : (info.id + 1) * per_worker]
-        reader = self.reader or EpisodeReader(self.spec)
-        for split, position in reader_positions(self.plan, splits, head=not self.head_done):
-            yield reader.sample(self.epoch, split, position)
+        jobs = self.jobs[info.id]
+        epoch, plan, head_done = jobs.get()
+        while not jobs.empty():  # the main process stopped an epoch before this began it
+            epoch, plan, head_done = jobs.get()
+        if self.reader is None:
+            self.reader = EpisodeReader(self.spec)
+        self.reader.resident.clear()  # an epoch stopped early leaves its pieces
+        yield from reader_samples(
+            self.reader, epoch, plan, info.id, info.num_workers, not head_done
+        )
 
 
 class VideoSource:
@@ -343,6 +363,40 @@ class VideoSource:
         self.split_len = total // spec.num_splits
         self.dropped = total % spec.num_splits
         self.manifest = self._manifest()
+        self.loader: DataLoader | None = None
+        self.jobs: list[Any] = []
+        self.started: Iterator[Batch] | None = None  # the workers' first iterator
+
+    def start_workers(self, workers: int, batch_size: int) -> None:
+        """Start the rank's ``workers`` decoding processes; they serve every epoch.
+
+        A persistent DataLoader whose first iterator is made now: its workers start (and
+        wait for a job) while the rest of ``setup`` runs, and keep their readers for
+        every epoch after.
+        """
+        if self.loader is not None and (self.loader.num_workers, self.loader.batch_size) == (
+            workers,
+            batch_size,
+        ):
+            return
+        self.stop_workers()
+        context = worker_context(self.multiprocessing_context, [WORKER_MODULE])
+        self.jobs = [context.SimpleQueue() for _ in range(workers)]
+        self.loader = DataLoader(
+            _WorkerStream(self.spec, self.jobs),
+            batch_size=batch_size,
+            num_workers=workers,
+            collate_fn=_numpy_collate,
+            multiprocessing_context=context,
+            persistent_workers=True,
+        )
+        self.started = iter(self.loader)
+
+    def stop_workers(self) -> None:
+        """Stop the decoding processes (dropping the last reference to the DataLoader's
+        iterator shuts its workers down)."""
+        self.loader = self.started = None
+        self.jobs = []
 
     def _manifest(self) -> str:
         dataset = self.reader.dataset
@@ -380,33 +434,29 @@ class VideoSource:
             )
 
     def chunks(self, epoch: int, consumed: list[int], plan: RankEpochPlan) -> Iterator[Batch]:
+        if plan.num_workers == 0:
+            samples = reader_samples(self.reader, epoch, plan, 0, 1, head=True)
+            yield from self._note_skips(_batched(samples, plan.batch_size))
+            return
         head_here = plan.num_workers > 1
         if head_here:
             yield from self._note_skips(self._head_batches(epoch, plan))
-        stream = _ReaderStream(self.spec, epoch, plan, head_done=head_here)
-        if plan.num_workers == 0:
-            stream.reader = self.reader
-        context = None
-        if plan.num_workers:
-            context = worker_context(self.multiprocessing_context, [WORKER_MODULE])
-        yield from self._note_skips(
-            DataLoader(
-                stream,
-                batch_size=plan.batch_size,
-                num_workers=plan.num_workers,
-                collate_fn=default_collate,
-                multiprocessing_context=context,
-            )
-        )
+        self.start_workers(plan.num_workers, plan.batch_size)
+        for jobs in self.jobs:
+            jobs.put((epoch, plan, head_here))
+        # the first epoch takes the iterator the workers started with; a later one
+        # resumes them (a persistent DataLoader's iter)
+        batches = iter(self.loader) if self.started is None else self.started
+        self.started = None
+        yield from self._note_skips(map(_tensors, batches))
 
     def _head_batches(self, epoch: int, plan: RankEpochPlan) -> Iterator[Batch]:
         """The head's batches, each decoded when it is asked for: the first batch waits
         only for its own windows."""
-        positions = list(reader_positions(plan, range(0), True))
+        positions = reader_positions(plan, range(0), True)
+        samples = (self.reader.sample(epoch, split, p) for split, p in positions)
         try:
-            for start in range(0, len(positions), plan.batch_size):
-                chunk = positions[start : start + plan.batch_size]
-                yield default_collate([self.reader.sample(epoch, s, p) for s, p in chunk])
+            yield from _batched(samples, plan.batch_size)
         finally:
             # the head's pieces are finished by the workers: do not keep them here
             self.reader.resident.clear()
@@ -423,3 +473,22 @@ class VideoSource:
 
     def counters(self) -> dict[str, float]:
         return {**self.reader.counters(), "skipped_windows": self.skipped_windows}
+
+
+def _batched(samples: Iterator[dict[str, Any]], size: int) -> Iterator[Batch]:
+    """``samples`` collated ``size`` at a time, each batch as soon as its samples are."""
+    while chunk := list(itertools.islice(samples, size)):
+        yield default_collate(chunk)
+
+
+def _numpy_collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """A worker's batch with numpy arrays for tensors: they cross the pipe pickled, in one
+    copy, where torch would hand over each tensor's shared memory as a file descriptor, a
+    socket connection per tensor (with 2 workers that made the main process the
+    bottleneck, at half the windows/s of no worker)."""
+    batch = default_collate(samples)
+    return {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def _tensors(batch: dict[str, Any]) -> dict[str, Any]:
+    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
