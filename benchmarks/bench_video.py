@@ -224,7 +224,9 @@ def compare_workers(root: Path, rounds: int) -> None:
     from lightning_stream.video.datamodule import VideoEpisodeDataModule
 
     sidecars = root.parent / "sidecars"
-    VideoEpisodeDataModule(str(root), sidecar_dir=str(sidecars)).setup("fit")  # not timed
+    VideoEpisodeDataModule(
+        str(root), delta_timestamps=DELTAS, num_splits=24, batch_size=16, sidecar_dir=str(sidecars)
+    ).setup("fit")  # builds the sidecars, not timed
     best: dict[int, dict] = {}
     for _ in range(rounds):
         for workers in (0, 2):

@@ -57,12 +57,16 @@ def test_every_frame_is_the_one_it_claims_and_every_anchor_comes_once(dataset, w
     assert len(anchors) == sum(LENGTHS) and set(anchors.values()) == {1}
 
 
-def test_decoded_frames_per_delivered_frame_stay_low(dataset):
-    dm = make(dataset)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_decoded_frames_per_delivered_frame_stay_low(dataset, workers):
+    # the counters sum the workers' (each batch carries its worker's)
+    dm = make(dataset, num_workers=workers)
     dm.setup("fit")
     delivered = sum(3 * len(b["index"]) + len(b["index"]) for b in dm.train_dataloader())
     counters = dm.stream.counters()
+    dm.teardown("fit")
     assert counters["frames_decoded"] / delivered <= 1.3
+    assert counters["frames_decoded"] > 0 and counters["bytes_loaded"] > 0
     assert counters["resident_bytes"] == 0, "every piece is dropped after its last window"
 
 

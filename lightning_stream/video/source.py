@@ -32,6 +32,11 @@ from lightning_stream.workers import worker_context
 
 # what the video workers import (the forkserver imports it once for all of them)
 WORKER_MODULE = __name__
+# a worker's batch carries its reader's counters under this key, taken off in the main
+# process, so the counters cover the workers
+WORKER_COUNTERS = "_worker_counters"
+# in a worker process: its reader, whose counters its batches carry
+_worker_reader: EpisodeReader | None = None
 
 
 @dataclass(frozen=True)
@@ -341,8 +346,9 @@ class _WorkerStream(IterableDataset):
         epoch, plan, head_done = jobs.get()
         while not jobs.empty():  # the main process stopped an epoch before this began it
             epoch, plan, head_done = jobs.get()
+        global _worker_reader
         if self.reader is None:
-            self.reader = EpisodeReader(self.spec)
+            self.reader = _worker_reader = EpisodeReader(self.spec)
         self.reader.resident.clear()  # an epoch stopped early leaves its pieces
         yield from reader_samples(
             self.reader, epoch, plan, info.id, info.num_workers, not head_done
@@ -366,6 +372,7 @@ class VideoSource:
         self.loader: DataLoader | None = None
         self.jobs: list[Any] = []
         self.started: Iterator[Batch] | None = None  # the workers' first iterator
+        self.worker_counters: dict[int, dict[str, float]] = {}  # the latest of each
 
     def start_workers(self, workers: int, batch_size: int) -> None:
         """Start the rank's ``workers`` decoding processes; they serve every epoch.
@@ -448,7 +455,7 @@ class VideoSource:
         # resumes them (a persistent DataLoader's iter)
         batches = iter(self.loader) if self.started is None else self.started
         self.started = None
-        yield from self._note_skips(map(_tensors, batches))
+        yield from self._note_skips(map(self._from_worker, batches))
 
     def _head_batches(self, epoch: int, plan: RankEpochPlan) -> Iterator[Batch]:
         """The head's batches, each decoded when it is asked for: the first batch waits
@@ -471,8 +478,21 @@ class VideoSource:
                     warnings.warn(reason, DamagedVideoWarning, stacklevel=2)
             yield batch
 
+    def _from_worker(self, batch: dict[str, Any]) -> Batch:
+        worker, counters = batch.pop(WORKER_COUNTERS)
+        self.worker_counters[worker] = counters
+        return {
+            name: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+            for name, v in batch.items()
+        }
+
     def counters(self) -> dict[str, float]:
-        return {**self.reader.counters(), "skipped_windows": self.skipped_windows}
+        """The main process's reader's counters plus each worker's, as of its last batch."""
+        totals = self.reader.counters()
+        for counters in self.worker_counters.values():
+            for name, value in counters.items():
+                totals[name] += value
+        return {**totals, "skipped_windows": self.skipped_windows}
 
 
 def _batched(samples: Iterator[dict[str, Any]], size: int) -> Iterator[Batch]:
@@ -482,13 +502,13 @@ def _batched(samples: Iterator[dict[str, Any]], size: int) -> Iterator[Batch]:
 
 
 def _numpy_collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """A worker's batch with numpy arrays for tensors: they cross the pipe pickled, in one
-    copy, where torch would hand over each tensor's shared memory as a file descriptor, a
-    socket connection per tensor (with 2 workers that made the main process the
-    bottleneck, at half the windows/s of no worker)."""
+    """A worker's batch with numpy arrays for tensors, and its reader's counters.
+
+    Numpy arrays cross the pipe pickled, in one copy, where torch would hand over each
+    tensor's shared memory as a file descriptor, a socket connection per tensor (with 2
+    workers that made the main process the bottleneck, at half the windows/s of none).
+    """
     batch = default_collate(samples)
-    return {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
-
-def _tensors(batch: dict[str, Any]) -> dict[str, Any]:
-    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+    batch = {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    batch[WORKER_COUNTERS] = (get_worker_info().id, _worker_reader.counters())
+    return batch
