@@ -1,9 +1,12 @@
 """VideoEpisodeDataModule on LeRobot v3 datasets written here with PyAV."""
 
 import collections
+import multiprocessing
+import time
 
 import numpy as np
 import pytest
+import torch
 
 from lightning_stream.video.datamodule import VideoEpisodeDataModule
 from lightning_stream.video.synthetic import frame_index, write_dataset
@@ -79,3 +82,32 @@ def test_bad_keys_and_budgets_are_named(dataset):
         make(dataset, byte_budget_gb=1e-6).setup("fit")
     with pytest.raises(ValueError, match="not divisible"):
         make(dataset, num_workers=5).setup("fit")
+
+
+def test_workers_stopped_before_their_first_epoch_exit_by_themselves(dataset):
+    # started at setup, they wait for a job; teardown (a fit that never trained) must end
+    # them, not leave the DataLoader to terminate them after its join timeout
+    before = set(multiprocessing.active_children())
+    dm = make(dataset, num_workers=2)
+    dm.setup("fit")
+    workers = [p for p in multiprocessing.active_children() if p not in before]
+    workers = [p for p in workers if "forkserver" not in p.name]
+    assert len(workers) == 2
+    time.sleep(3)  # they start and wait inside a fetch (stopped earlier, they just exit)
+    dm.teardown("fit")
+    for worker in workers:
+        worker.join(30)
+        assert worker.exitcode == 0
+
+
+def to_bfloat16(images):
+    return images.to(torch.bfloat16)
+
+
+def test_a_bfloat16_image_transform_crosses_from_the_workers(dataset):
+    # numpy has no bfloat16: such a tensor crosses the pipe as a tensor
+    dm = make(dataset, num_workers=2, image_transforms=to_bfloat16)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    dm.teardown("fit")
+    assert batch[FRONT].dtype == torch.bfloat16 and batch["action"].dtype == torch.float32

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import warnings
@@ -342,10 +343,11 @@ class _WorkerStream(IterableDataset):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
-        jobs = self.jobs[info.id]
-        epoch, plan, head_done = jobs.get()
-        while not jobs.empty():  # the main process stopped an epoch before this began it
-            epoch, plan, head_done = jobs.get()
+        # one job per iteration: each iter(loader) of the main process starts one here
+        job = self.jobs[info.id].get()
+        if job is None:
+            return  # the workers are being stopped
+        epoch, plan, head_done = job
         global _worker_reader
         if self.reader is None:
             self.reader = _worker_reader = EpisodeReader(self.spec)
@@ -373,6 +375,7 @@ class VideoSource:
         self.jobs: list[Any] = []
         self.started: Iterator[Batch] | None = None  # the workers' first iterator
         self.worker_counters: dict[int, dict[str, float]] = {}  # the latest of each
+        self.stopped_counts = {"bytes_loaded": 0.0, "frames_decoded": 0.0}  # of past workers
 
     def start_workers(self, workers: int, batch_size: int) -> None:
         """Start the rank's ``workers`` decoding processes; they serve every epoch.
@@ -402,6 +405,12 @@ class VideoSource:
     def stop_workers(self) -> None:
         """Stop the decoding processes (dropping the last reference to the DataLoader's
         iterator shuts its workers down)."""
+        for jobs in self.jobs:
+            jobs.put(None)  # a worker waiting for a job (none ran yet) then exits at once
+        for counters in self.worker_counters.values():
+            for name in self.stopped_counts:
+                self.stopped_counts[name] += counters[name]
+        self.worker_counters = {}
         self.loader = self.started = None
         self.jobs = []
 
@@ -489,6 +498,8 @@ class VideoSource:
     def counters(self) -> dict[str, float]:
         """The main process's reader's counters plus each worker's, as of its last batch."""
         totals = self.reader.counters()
+        for name, value in self.stopped_counts.items():
+            totals[name] += value
         for counters in self.worker_counters.values():
             for name, value in counters.items():
                 totals[name] += value
@@ -508,7 +519,14 @@ def _numpy_collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     tensor's shared memory as a file descriptor, a socket connection per tensor (with 2
     workers that made the main process the bottleneck, at half the windows/s of none).
     """
-    batch = default_collate(samples)
-    batch = {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    batch = {name: _as_numpy(value) for name, value in default_collate(samples).items()}
     batch[WORKER_COUNTERS] = (get_worker_info().id, _worker_reader.counters())
     return batch
+
+
+def _as_numpy(value: Any) -> Any:
+    """``value`` as a numpy array if it is a tensor numpy can hold (not bfloat16, say)."""
+    if isinstance(value, torch.Tensor):
+        with contextlib.suppress(TypeError, RuntimeError):
+            return value.numpy()
+    return value
