@@ -93,17 +93,21 @@ def decode_range(track: VideoTrack, wanted: np.ndarray) -> tuple[int, int]:
     return int(keyframes[-1]), int(wanted.max())
 
 
-def decode(read_at: ReadAt, track: VideoTrack, wanted: np.ndarray, name: str) -> list[np.ndarray]:
+def decode(
+    read_at: ReadAt, track: VideoTrack, wanted: np.ndarray, name: str, threads: int = 0
+) -> list[np.ndarray]:
     """RGB frames (H, W, 3) uint8 for the decode indices ``wanted``, in that order.
 
     A decode index may repeat (a window clamped at an episode's edge); it is decoded once.
-    Reads one byte range, the packets of :func:`decode_range`.
+    Reads one byte range, the packets of :func:`decode_range`. ``threads``: the decoder's
+    threads (0: FFmpeg's choice, one per core).
     """
     first, last = decode_range(track, wanted)
     start = int(track.offset[first])
     stop = int((track.offset[first : last + 1] + track.size[first : last + 1]).max())
     payload = read_at(start, stop - start)
     context = av.CodecContext.create(decoder_name(track.codec), "r")
+    context.thread_count = threads
     if track.extradata:
         context.extradata = track.extradata
     time_base = Fraction(1, track.timescale)
