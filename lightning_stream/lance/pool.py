@@ -114,8 +114,8 @@ class ReaderPool:
             )
             outbox: queue.SimpleQueue = queue.SimpleQueue()
             # Starting a process waits for the forkserver (seconds, the first time) and a
-            # job's rows fill the pipe until the worker reads them: neither holds up the
-            # main process, which serves the batches itself until a worker takes over.
+            # job's rows fill the pipe until the worker reads them: neither holds up
+            # setup or the main process (only its first batch waits for the worker).
             feeder = threading.Thread(
                 target=_feed,
                 args=(

@@ -36,7 +36,7 @@ WORKER_MODULE = __name__
 # a worker's batch carries its reader's counters under this key, taken off in the main
 # process, so the counters cover the workers
 WORKER_COUNTERS = "_worker_counters"
-# in a worker process: its reader, whose counters its batches carry
+# in a worker process: its reader, kept for every epoch; its batches carry its counters
 _worker_reader: EpisodeReader | None = None
 
 
@@ -343,7 +343,6 @@ class _WorkerStream(IterableDataset):
     def __init__(self, spec: VideoSpec, jobs: list[Any]) -> None:
         super().__init__()
         self.spec, self.jobs = spec, jobs
-        self.reader: EpisodeReader | None = None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
@@ -353,12 +352,12 @@ class _WorkerStream(IterableDataset):
             return  # the workers are being stopped
         epoch, plan, head_done = job
         global _worker_reader
-        if self.reader is None:
-            self.reader = _worker_reader = EpisodeReader(self.spec)
-            self.reader.decode_threads = 1
-        self.reader.resident.clear()  # an epoch stopped early leaves its pieces
+        if _worker_reader is None:
+            _worker_reader = EpisodeReader(self.spec)
+            _worker_reader.decode_threads = 1
+        _worker_reader.resident.clear()  # an epoch stopped early leaves its pieces
         yield from reader_samples(
-            self.reader, epoch, plan, info.id, info.num_workers, not head_done
+            _worker_reader, epoch, plan, info.id, info.num_workers, not head_done
         )
 
 
