@@ -24,6 +24,17 @@ to its first batch and windows/s over the epoch after its first batch; then 2 wo
 0 workers over the epochs after the first (the workers persist: started at ``setup``,
 they serve every epoch).
 
+    python benchmarks/bench_video.py --memory
+
+``--memory`` bounds memory by the byte budget on a larger dataset (24 episodes of 150-280
+frames, about 290 MB of decoded frames): ``num_splits=24``, windows of the front camera at
+-2/30, -1/30 and 0 s, the wrist camera at 0 s and 8 future actions, ``byte_budget_gb=0.05``,
+at 0 and at 2 workers, each in a fresh process. Per configuration: the process tree's RSS
+after ``setup`` and the workers' start-up (the baseline), its peak over one epoch above
+that, next to ``1.5 x budget + 60 MB`` and to the largest ``loader/resident_bytes``
+(decoded frames held, summed over the workers); the epoch's exactness (every anchor once)
+and decoded frames per delivered frame.
+
     python benchmarks/bench_video.py --s3
 
 ``--s3`` starts an S3-protocol server on 127.0.0.1 (moto, ``tests/s3_server.py``),
@@ -37,6 +48,7 @@ dataset's MP4 bytes.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import statistics
 import subprocess
@@ -47,6 +59,7 @@ from pathlib import Path
 
 import av
 import numpy as np
+import pyarrow.parquet as pq
 from measure import PeakRss, tree_rss_mb
 
 FRONT, WRIST = "observation.images.front", "observation.images.wrist"
@@ -253,25 +266,102 @@ def compare_workers(root: Path, rounds: int) -> None:
           f" / {best[0]['epochs'][0]['from_setup_s']:.2f} s")  # fmt: skip
 
 
+MEMORY_BUDGET_GB = 0.05
+MEMORY_DELTAS = {
+    FRONT: [-2 / 30, -1 / 30, 0.0],
+    WRIST: [0.0],
+    "action": [i / 30 for i in range(8)],
+}
+
+
+def memory_run(root: str, sidecars: str, workers: int) -> dict:
+    """One epoch under ``MEMORY_BUDGET_GB`` at ``workers`` workers (in a fresh process)."""
+    from lightning_stream.video.datamodule import VideoEpisodeDataModule
+
+    dm = VideoEpisodeDataModule(
+        root, delta_timestamps=MEMORY_DELTAS, num_splits=24, batch_size=16,
+        sidecar_dir=sidecars, byte_budget_gb=MEMORY_BUDGET_GB, num_workers=workers,
+    )  # fmt: skip
+    dm.setup("fit")
+    after_setup = tree_rss_mb()
+    source = dm.stream.source
+    if not source.wait_for_workers(120):
+        raise RuntimeError("the workers did not start within 120 s")
+    baseline = tree_rss_mb()
+    anchors: collections.Counter = collections.Counter()
+    curve, held = [], []
+    with PeakRss() as rss:
+        for batch in dm.train_dataloader():
+            anchors.update(batch["index"].tolist())
+            curve.append(tree_rss_mb())
+            held.append(dm.stream.counters()["resident_bytes"])
+    counters = dm.stream.counters()
+    dm.teardown("fit")
+    expected = source.split_len * source.num_splits
+    return {
+        "after_setup": after_setup, "baseline": baseline, "peak": rss.peak,
+        "curve": [curve[int(q * (len(curve) - 1))] for q in (0.1, 0.5, 0.9)],
+        "resident_peak_mb": max(held) / 2**20,
+        "exact": len(anchors) == expected and set(anchors.values()) == {1},
+        "decoded_per_delivered": counters["frames_decoded"] / (4 * sum(anchors.values())),
+    }  # fmt: skip
+
+
+def compare_memory(root: Path) -> None:
+    """0 and 2 workers under a small byte budget, each in a fresh process."""
+    sidecars = root.parent / "sidecars"
+    frames = sum(pq.read_metadata(p).num_rows for p in sorted((root / "data").rglob("*.parquet")))
+    budget_mb = MEMORY_BUDGET_GB * 1024
+    print(f"dataset: 24 episodes, {frames} frames, 2 cameras of 96x96:"
+          f" {frames * 2 * 3 * 96 * 96 / 2**20:.0f} MB of decoded frames;"
+          f" byte budget {budget_mb:.1f} MB, bound 1.5 x budget + 60 MB ="
+          f" {1.5 * budget_mb + 60:.0f} MB")  # fmt: skip
+    for workers in (0, 2):
+        command = [sys.executable, __file__, "--memory-one", str(workers), str(root),
+                   str(sidecars)]  # fmt: skip
+        output = subprocess.run(command, capture_output=True, text=True, check=False)
+        line = next((x for x in output.stdout.splitlines() if x.startswith("RESULT ")), None)
+        if line is None:
+            raise RuntimeError(f"{workers} workers failed:\n{output.stderr[-4000:]}")
+        r = json.loads(line.removeprefix("RESULT "))
+        above = r["peak"] - r["baseline"]
+        print(f"{workers} workers: RSS after setup {r['after_setup']:.0f} MB, after the"
+              f" workers' start-up {r['baseline']:.0f} MB; over the epoch 10/50/90%"
+              f" {' / '.join(f'{x:.0f}' for x in r['curve'])} MB, peak {r['peak']:.0f} MB:"
+              f" {above:.0f} MB above the baseline ({above / budget_mb:.2f}x the budget,"
+              f" {'within' if above <= 1.5 * budget_mb + 60 else 'OVER'} the bound);"
+              f" resident_bytes at most {r['resident_peak_mb']:.1f} MB;"
+              f" epoch exact: {r['exact']}; decoded frames per delivered frame"
+              f" {r['decoded_per_delivered']:.2f}")  # fmt: skip
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--one"]:
         workers, root, sidecars = sys.argv[2:5]
         print("RESULT " + json.dumps(workers_run(root, sidecars, int(workers))))
+        return
+    if sys.argv[1:2] == ["--memory-one"]:
+        workers, root, sidecars = sys.argv[2:5]
+        print("RESULT " + json.dumps(memory_run(root, sidecars, int(workers))))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=24)
     parser.add_argument("--naive-windows", type=int, default=400)
     parser.add_argument("--s3", action="store_true", help="local disk next to S3 (moto)")
     parser.add_argument("--workers", action="store_true", help="0 workers next to 2")
+    parser.add_argument("--memory", action="store_true", help="memory under a small budget")
     parser.add_argument("--rounds", type=int, default=2, help="rounds (best kept)")
     args = parser.parse_args()
     from lightning_stream.video.synthetic import write_dataset
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "dataset"
-        lengths = np.random.default_rng(0).integers(40, 121, args.episodes).tolist()
+        low, high = (150, 281) if args.memory else (40, 121)
+        lengths = np.random.default_rng(0).integers(low, high, args.episodes).tolist()
         write_dataset(root, lengths)
-        if args.s3:
+        if args.memory:
+            compare_memory(root)
+        elif args.s3:
             compare_s3(root, args.rounds)
         elif args.workers:
             compare_workers(root, args.rounds)

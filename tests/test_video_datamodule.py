@@ -2,7 +2,6 @@
 
 import collections
 import multiprocessing
-import time
 
 import numpy as np
 import pytest
@@ -36,27 +35,50 @@ def expected_window(episode, frame, offsets):
     return (STARTS[episode] + clamped).tolist(), (clamped != frame + np.asarray(offsets)).tolist()
 
 
+def check_windows(batch):
+    """Every window of ``batch`` shows the frames it claims; its dataset indices."""
+    indices = []
+    for i in range(len(batch["index"])):
+        episode, frame = int(batch["episode_index"][i]), int(batch["frame_index"][i])
+        index = int(batch["index"][i])
+        assert index == STARTS[episode] + frame
+        indices.append(index)
+        front, pads = expected_window(episode, frame, [-3, 0, 2])
+        images = batch[FRONT][i]
+        assert images.shape == (3, 3, 96, 96) and images.dtype.is_floating_point is False
+        assert [frame_index(im.permute(1, 2, 0).numpy()) for im in images] == front
+        assert batch[f"{FRONT}_is_pad"][i].tolist() == pads
+        assert frame_index(batch[WRIST][i].permute(1, 2, 0).numpy()) == index
+        actions, action_pads = expected_window(episode, frame, [0, 1])
+        assert batch["action"][i][:, 0].tolist() == actions
+        assert batch["action_is_pad"][i].tolist() == action_pads
+        assert batch["task"][i] == f"task {episode % 2}"
+    return indices
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_every_frame_is_the_one_it_claims_and_every_anchor_comes_once(dataset, workers):
     dm = make(dataset, num_workers=workers)
     dm.setup("fit")
     anchors = collections.Counter()
     for batch in dm.train_dataloader():
-        for i in range(len(batch["index"])):
-            episode, frame = int(batch["episode_index"][i]), int(batch["frame_index"][i])
-            index = int(batch["index"][i])
-            assert index == STARTS[episode] + frame
-            anchors[index] += 1
-            front, pads = expected_window(episode, frame, [-3, 0, 2])
-            images = batch[FRONT][i]
-            assert images.shape == (3, 3, 96, 96) and images.dtype.is_floating_point is False
-            assert [frame_index(im.permute(1, 2, 0).numpy()) for im in images] == front
-            assert batch[f"{FRONT}_is_pad"][i].tolist() == pads
-            assert frame_index(batch[WRIST][i].permute(1, 2, 0).numpy()) == index
-            actions, action_pads = expected_window(episode, frame, [0, 1])
-            assert batch["action"][i][:, 0].tolist() == actions
-            assert batch["action_is_pad"][i].tolist() == action_pads
-            assert batch["task"][i] == f"task {episode % 2}"
+        anchors.update(check_windows(batch))
+    assert len(anchors) == sum(LENGTHS) and set(anchors.values()) == {1}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_byte_budget_bounds_the_decoded_frames_held(dataset, workers):
+    # 12 resident chunks (12 splits, pool 1) of 5 anchors: at most 5.4 MB of the 13.3 MB
+    # the epoch decodes, where whole pieces held about all of it; frames still exact
+    budget_gb = 0.005
+    dm = make(dataset, num_workers=workers, byte_budget_gb=budget_gb, episode_pool_size=1)
+    dm.setup("fit")
+    held, anchors = [], collections.Counter()
+    for batch in dm.train_dataloader():
+        held.append(dm.stream.counters()["resident_bytes"])
+        anchors.update(check_windows(batch))
+    dm.teardown("fit")
+    assert 0 < max(held) <= budget_gb * 2**30
     assert len(anchors) == sum(LENGTHS) and set(anchors.values()) == {1}
 
 
@@ -78,7 +100,9 @@ def test_bad_keys_and_budgets_are_named(dataset):
         ValueError, match=r"delta_timestamps has keys \['observation.images.side'\]"
     ):
         make(dataset, delta_timestamps={"observation.images.side": [0.0]}).setup("fit")
-    with pytest.raises(ValueError, match=r"more than a reader.s share of byte_budget_gb=0\.00"):
+    with pytest.raises(
+        ValueError, match=r"byte_budget_gb=1e-06 cannot hold one window's decoded frames per"
+    ):
         make(dataset, byte_budget_gb=1e-6).setup("fit")
     with pytest.raises(ValueError, match="not divisible"):
         make(dataset, num_workers=5).setup("fit")
@@ -93,7 +117,7 @@ def test_workers_stopped_before_their_first_epoch_exit_by_themselves(dataset):
     workers = [p for p in multiprocessing.active_children() if p not in before]
     workers = [p for p in workers if "forkserver" not in p.name]
     assert len(workers) == 2
-    time.sleep(3)  # they start and wait inside a fetch (stopped earlier, they just exit)
+    assert dm.stream.source.wait_for_workers(60)  # they built their readers, wait for a job
     dm.teardown("fit")
     for worker in workers:
         worker.join(30)

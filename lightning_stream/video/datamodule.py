@@ -60,12 +60,17 @@ class VideoEpisodeDataModule(StreamingDataModule):
         shuffle_seed: seed of the episode order and each split's anchor order; default 0.
         episodes: episode indices to train on; default ``None`` (all). An empty list raises
             ``ValueError``.
-        episode_pool_size: pieces of episodes resident per split (decoded once, reused by
-            all their windows); default 2. Memory is about ``splits per reader x pool x
-            decoded piece``.
-        byte_budget_gb: compressed video payload a rank may hold, shared by its workers
-            (each gets ``1 / max(1, num_workers)``); an episode whose payload alone is
-            larger than a worker's share fails at setup. Default 1.0.
+        episode_pool_size: chunks of episodes resident per split (each decoded once, reused
+            by all its windows; anchors are drawn at random from the resident chunks);
+            default 2. Part of the run's identity.
+        byte_budget_gb: the most decoded frames (GiB) a rank holds, over all its reading
+            processes, whatever ``num_splits``, ``episode_pool_size`` or the topology: it
+            sets the chunk length (``budget / (num_splits x episode_pool_size)`` bytes per
+            chunk, windows' margins included), so at world size 1 the rank may fill it and
+            at world size N about ``1 / N`` of it. Larger chunks mix each batch less
+            locally in time and cost fewer keyframe restarts. Default 1.0. Part of the
+            run's identity (it changes the anchor order); too small to hold one window's
+            frames per chunk raises ``ValueError`` at setup.
         image_transforms: callable on each camera's images (of ``image_dtype``), in the
             worker; must be picklable when ``num_workers > 0``. Default ``None``.
         sidecar_dir: cache of the MP4 sidecar indexes; default
@@ -157,6 +162,7 @@ class VideoEpisodeDataModule(StreamingDataModule):
             num_splits=num_splits,
             shuffle_seed=shuffle_seed,
             pool_size=episode_pool_size,
+            byte_budget_gb=byte_budget_gb,
             sidecar_dir=str(sidecar_dir or default_sidecar_dir()),
             lock_timeout=sidecar_lock_timeout,
             image_transforms=image_transforms,
@@ -169,7 +175,6 @@ class VideoEpisodeDataModule(StreamingDataModule):
         self.stats: dict[str, dict[str, torch.Tensor]] | None = None
         self.batch_size = batch_size
         self.num_workers = num_workers
-        self.byte_budget = int(byte_budget_gb * 2**30)
         self.multiprocessing_context = multiprocessing_context
 
     def setup(self, stage: str) -> None:
@@ -185,7 +190,6 @@ class VideoEpisodeDataModule(StreamingDataModule):
             raise storage_error(self.root, exc, self.storage_options) from None
         self.stats = stats_tensors(source.reader.dataset.stats)
         self._check_keys(source)
-        self._check_budget(source)
         log.info(
             "%s: %d frames in %d splits of %d; %d frames per epoch left out",
             self.root, source.split_len * self.spec.num_splits + source.dropped,
@@ -208,19 +212,6 @@ class VideoEpisodeDataModule(StreamingDataModule):
                 f"delta_timestamps has keys {unknown} that are not features of {self.root!r}"
                 f" (its features: {sorted(known)})"
             )
-
-    def _check_budget(self, source: VideoSource) -> None:
-        reader = source.reader
-        share = self.byte_budget // max(1, self.num_workers)
-        for episode in reader.dataset.episodes:
-            payload = sum(reader.payload_bytes(episode, camera) for camera in episode.videos)
-            if payload > share:
-                raise ValueError(
-                    f"episode {episode.index} of {self.root!r} has {payload / 2**30:.2f} GiB of"
-                    f" video payload, more than a reader's share of byte_budget_gb="
-                    f"{self.byte_budget / 2**30:.2f} ({max(1, self.num_workers)} readers):"
-                    " raise byte_budget_gb"
-                )
 
 
 def stats_tensors(stats: dict | None) -> dict[str, dict[str, torch.Tensor]] | None:

@@ -4,11 +4,13 @@ Each epoch the episodes are put in a seeded order and their frames, laid end to 
 cut into ``num_splits`` contiguous runs of exactly ``total // num_splits`` frames, so the
 splits are balanced by frame count whatever the world size or worker count; the last
 ``total % num_splits`` frames of that order are left out of the epoch. A split's run is
-made of pieces (contiguous frames of one episode). Its anchor order is a pure function of
-``(seed, epoch, split)``: a pool of ``pool_size`` resident pieces, each step taking the
-next anchor of a random resident piece (anchors within a piece in a seeded random order),
-a finished piece replaced by the split's next one. So the frames of few pieces are
-needed at a time, and each piece is fetched and decoded once per epoch.
+made of pieces (contiguous frames of one episode), cut into chunks of at most
+``chunk_frames`` anchors (the byte budget sets it: :func:`chunk_frames`). Its anchor
+order is a pure function of ``(seed, epoch, split)`` and the chunk length: a pool of
+``pool_size`` resident chunks, each step taking the next anchor of a random resident
+chunk (anchors within a chunk in a seeded random order), a finished chunk replaced by a
+random one of the split's others. So the frames of ``pool_size`` chunks per split are
+needed at a time, and each chunk is fetched and decoded once per epoch.
 
 Windows: a ``delta`` in seconds must lie on the fps grid within ``tolerance_s`` (as
 LeRobot's ``check_delta_timestamps``: ``|delta * fps - round(delta * fps)| / fps <=
@@ -18,6 +20,7 @@ clamped to the episode's edge and flagged as padding.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,6 +67,28 @@ def cut_splits(
             if room == 0:
                 split, room = split + 1, split_len
     return splits, split_len
+
+
+def cut_chunks(pieces: Sequence[Piece], chunk_frames: int) -> list[Piece]:
+    """``pieces`` cut into chunks of at most ``chunk_frames`` frames, as even as possible."""
+    chunks = []
+    for piece in pieces:
+        count = -(-len(piece) // chunk_frames)
+        bounds = (piece.start + np.arange(count + 1) * len(piece) // count).tolist()
+        chunks += [Piece(piece.episode, a, b) for a, b in itertools.pairwise(bounds)]
+    return chunks
+
+
+def chunk_frames(budget: int, resident: int, cameras: Sequence[tuple[int, int]]) -> int:
+    """The most anchors per chunk such that ``resident`` chunks hold at most ``budget``
+    bytes of decoded frames (0 if not even one anchor fits).
+
+    ``cameras``: per camera, the bytes of one decoded frame and the frames a chunk holds
+    beyond its anchors for its windows (the span of the camera's offsets).
+    """
+    per_anchor = sum(size for size, _ in cameras)
+    margins = sum(size * span for size, span in cameras)
+    return max(0, (budget // resident - margins) // per_anchor)
 
 
 def anchor_order(pieces: Sequence[Piece], pool_size: int, seed: int, epoch: int, split: int):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import itertools
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -27,7 +29,14 @@ from lightning_stream.video.decode import (
 )
 from lightning_stream.video.lerobot import ID_COLUMNS, Episode, check_video_files, open_dataset
 from lightning_stream.video.mp4 import VideoTrack
-from lightning_stream.video.plan import anchor_order, cut_splits, frame_offsets, window
+from lightning_stream.video.plan import (
+    anchor_order,
+    chunk_frames,
+    cut_chunks,
+    cut_splits,
+    frame_offsets,
+    window,
+)
 from lightning_stream.video.sidecar import VideoFile, fingerprint, load_or_build
 from lightning_stream.workers import worker_context
 
@@ -50,6 +59,7 @@ class VideoSpec:
     num_splits: int
     shuffle_seed: int
     pool_size: int
+    byte_budget_gb: float
     sidecar_dir: str
     lock_timeout: float
     image_transforms: Callable[[torch.Tensor], torch.Tensor] | None = None
@@ -57,6 +67,8 @@ class VideoSpec:
     image_dtype: str = "uint8"
     drop_n_last_frames: int = 0
     on_decode_error: str = "raise"
+    # anchors per chunk, from the byte budget (VideoSource sets it at setup)
+    chunk_frames: int = 0
     # holds credentials: out of repr (logs, errors); pickled only to DataLoader workers
     filesystem: pafs.FileSystem | None = field(default=None, repr=False, compare=False)
 
@@ -72,7 +84,7 @@ class _Resident:
 class EpisodeReader:
     """Builds the samples of one reading process (the main process or a worker).
 
-    A split's resident pieces are decoded whole, once, when their first anchor is served
+    A split's resident chunks are decoded whole, once, when their first anchor is served
     (one byte-range read per camera), and dropped after their last anchor. With
     ``on_decode_error="skip"``, a camera whose piece does not decode is decoded per window
     instead, and a window that still fails is returned as a placeholder sample whose
@@ -117,25 +129,45 @@ class EpisodeReader:
     def split_orders(
         self, epoch: int, split: int
     ) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
+        """The chunks of ``split`` in ``epoch``, the chunk and frame of each position, and
+        each chunk's last position."""
+        spec = self.spec
         if epoch not in self.epoch_plans:
-            self.epoch_plans = {
-                epoch: (
-                    cut_splits(
-                        self.anchor_lengths, self.spec.num_splits, self.spec.shuffle_seed, epoch
-                    )[0],
-                    {},
-                )
-            }
+            pieces = cut_splits(self.anchor_lengths, spec.num_splits, spec.shuffle_seed, epoch)
+            self.epoch_plans = {epoch: (pieces[0], {})}
         pieces, orders = self.epoch_plans[epoch]
         if split not in orders:
-            piece, frame = anchor_order(
-                pieces[split], self.spec.pool_size, self.spec.shuffle_seed, epoch, split
+            chunks = cut_chunks(pieces[split], spec.chunk_frames)
+            chunk, frame = anchor_order(chunks, spec.pool_size, spec.shuffle_seed, epoch, split)
+            last = np.zeros(len(chunks), dtype=np.int64)
+            last[chunk] = np.arange(len(chunk))  # later positions overwrite: the last one
+            orders[split] = (chunks, chunk, frame, last)
+        return orders[split]
+
+    def chunk_frames(self) -> int:
+        """Anchors per chunk such that ``num_splits * pool_size`` resident chunks (all a
+        rank can hold, at any world size) keep their decoded frames within the budget."""
+        cameras = []
+        for camera in self.dataset.cameras:
+            files = {e.videos[camera][0] for e in self.dataset.episodes}
+            tracks = [self._track(relative)[0] for relative in sorted(files)]
+            offsets = self.offsets.get(camera, np.zeros(1, dtype=np.int64))
+            frame = max(3 * t.height * t.width for t in tracks)  # uint8 RGB, as resident
+            cameras.append((frame, int(offsets.max() - offsets.min())))
+        spec = self.spec
+        budget = int(spec.byte_budget_gb * 2**30)
+        anchors = chunk_frames(budget, spec.num_splits * spec.pool_size, cameras)
+        if anchors < 1:
+            least = spec.num_splits * spec.pool_size * sum(f * (1 + s) for f, s in cameras)
+            raise ValueError(
+                f"byte_budget_gb={spec.byte_budget_gb:g} cannot hold one window's"
+                f" decoded frames per resident chunk: num_splits={spec.num_splits} x"
+                f" episode_pool_size={spec.pool_size} chunks, each at least"
+                f" {least // (spec.num_splits * spec.pool_size)} bytes. Raise"
+                f" byte_budget_gb to at least {least / 2**30:.3g}, or lower num_splits or"
+                " episode_pool_size"
             )
-            last = np.zeros(len(pieces[split]), dtype=np.int64)
-            last[piece] = np.arange(len(piece))  # later positions overwrite: the last one
-            orders[split] = (piece, frame, last)
-        piece, frame, last = orders[split]
-        return pieces[split], piece, frame, last
+        return anchors
 
     # -- decoding ------------------------------------------------------------------
     def _track(self, relative: str) -> tuple[VideoTrack, Any]:
@@ -156,8 +188,8 @@ class EpisodeReader:
         wanted = frames_at(track, seconds, self.dataset.path(relative), 0.5 / self.fps)
         return int(track.size[wanted].sum())
 
-    def _decode_piece(self, episode_slot: int, start: int, stop: int) -> _Resident:
-        """The decoded frames of a piece (plus its windows' margins), from byte ranges."""
+    def _decode_chunk(self, episode_slot: int, start: int, stop: int) -> _Resident:
+        """The decoded frames of a chunk (plus its windows' margins), from byte ranges."""
         episode = self.dataset.episodes[episode_slot]
         resident = _Resident()
         for camera in self.dataset.cameras:
@@ -221,16 +253,16 @@ class EpisodeReader:
 
     # -- samples -------------------------------------------------------------------
     def sample(self, epoch: int, split: int, position: int) -> dict[str, Any]:
-        pieces, piece_of, frame_of, last = self.split_orders(epoch, split)
-        slot = int(piece_of[position])
+        chunks, chunk_of, frame_of, last = self.split_orders(epoch, split)
+        slot = int(chunk_of[position])
         key = (split, slot)
-        piece = pieces[slot]
+        chunk = chunks[slot]
         if key not in self.resident:
-            self.resident[key] = self._decode_piece(piece.episode, piece.start, piece.stop)
+            self.resident[key] = self._decode_chunk(chunk.episode, chunk.start, chunk.stop)
             self.resident[key].last = int(last[slot])
         resident = self.resident[key]
         frame = int(frame_of[position])
-        sample = self._assemble(piece.episode, frame, resident)
+        sample = self._assemble(chunk.episode, frame, resident)
         if position >= resident.last:
             del self.resident[key]
         return sample
@@ -293,15 +325,15 @@ class EpisodeReader:
         return sample
 
     def counters(self) -> dict[str, float]:
-        """Payload read, frames decoded, and what the resident pieces hold now: decoded
-        frames (``resident_bytes``) and the compressed payload they were decoded from
-        (``reserved_bytes``, what the byte budget bounds)."""
-        pieces = self.resident.values()
+        """Payload read, frames decoded, and what the resident chunks hold now: decoded
+        frames (``resident_bytes``, what the byte budget bounds) and the compressed
+        payload they were decoded from (``reserved_bytes``, read and dropped)."""
+        chunks = self.resident.values()
         return {
             "bytes_loaded": self.bytes_loaded,
             "frames_decoded": self.frames_decoded,
-            "resident_bytes": sum(t.numel() for r in pieces for t in r.frames.values()),
-            "reserved_bytes": sum(r.payload for r in pieces),
+            "resident_bytes": sum(t.numel() for r in chunks for t in r.frames.values()),
+            "reserved_bytes": sum(r.payload for r in chunks),
         }
 
 
@@ -340,22 +372,23 @@ class _WorkerStream(IterableDataset):
     worker's :class:`EpisodeReader` (its Parquet columns, open files and indexes) serves
     every epoch."""
 
-    def __init__(self, spec: VideoSpec, jobs: list[Any]) -> None:
+    def __init__(self, spec: VideoSpec, jobs: list[Any], ready: Any) -> None:
         super().__init__()
-        self.spec, self.jobs = spec, jobs
+        self.spec, self.jobs, self.ready = spec, jobs, ready
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
+        global _worker_reader
+        if _worker_reader is None:  # before the first job: setup's time, not the epoch's
+            _worker_reader = EpisodeReader(self.spec)
+            _worker_reader.decode_threads = 1
+            self.ready.release()
         # one job per iteration: each iter(loader) of the main process starts one here
         job = self.jobs[info.id].get()
         if job is None:
             return  # the workers are being stopped
         epoch, plan, head_done = job
-        global _worker_reader
-        if _worker_reader is None:
-            _worker_reader = EpisodeReader(self.spec)
-            _worker_reader.decode_threads = 1
-        _worker_reader.resident.clear()  # an epoch stopped early leaves its pieces
+        _worker_reader.resident.clear()  # an epoch stopped early leaves its chunks
         yield from reader_samples(
             _worker_reader, epoch, plan, info.id, info.num_workers, not head_done
         )
@@ -365,10 +398,12 @@ class VideoSource:
     """Episodes of a LeRobot v3 dataset, as ``num_splits`` equal splits of anchors."""
 
     def __init__(self, spec: VideoSpec, multiprocessing_context: str) -> None:
-        self.spec = spec
         self.multiprocessing_context = multiprocessing_context
         self.reader = EpisodeReader(spec)
         check_video_files(self.reader.dataset)
+        # the chunk length depends on the frames' sizes, read from the MP4s' indexes here
+        self.spec = spec = dataclasses.replace(spec, chunk_frames=self.reader.chunk_frames())
+        self.reader.spec = spec
         self.num_splits = spec.num_splits
         self.skipped_windows = 0
         total = sum(self.reader.anchor_lengths)
@@ -377,6 +412,8 @@ class VideoSource:
         self.manifest = self._manifest()
         self.loader: DataLoader | None = None
         self.jobs: list[Any] = []
+        self.ready: Any = None  # released by each worker once its reader is built
+        self.starting = 0  # workers not yet seen ready
         self.started: Iterator[Batch] | None = None  # the workers' first iterator
         self.worker_counters: dict[int, dict[str, float]] = {}  # the latest of each
         self.stopped_counts = {"bytes_loaded": 0.0, "frames_decoded": 0.0}  # of past workers
@@ -396,8 +433,9 @@ class VideoSource:
         self.stop_workers()
         context = worker_context(self.multiprocessing_context, [WORKER_MODULE])
         self.jobs = [context.SimpleQueue() for _ in range(workers)]
+        self.ready, self.starting = context.Semaphore(0), workers
         self.loader = DataLoader(
-            _WorkerStream(self.spec, self.jobs),
+            _WorkerStream(self.spec, self.jobs, self.ready),
             batch_size=batch_size,
             num_workers=workers,
             collate_fn=_numpy_collate,
@@ -405,6 +443,16 @@ class VideoSource:
             persistent_workers=True,
         )
         self.started = iter(self.loader)
+
+    def wait_for_workers(self, timeout: float) -> bool:
+        """Wait until every worker has built its reader (it then waits for its first
+        epoch); ``False`` if ``timeout`` seconds pass first."""
+        deadline = time.monotonic() + timeout
+        while self.starting:
+            if not self.ready.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                return False
+            self.starting -= 1
+        return True
 
     def stop_workers(self) -> None:
         """Stop the decoding processes (dropping the last reference to the DataLoader's
@@ -415,8 +463,8 @@ class VideoSource:
             for name in self.stopped_counts:
                 self.stopped_counts[name] += counters[name]
         self.worker_counters = {}
-        self.loader = self.started = None
-        self.jobs = []
+        self.loader = self.started = self.ready = None
+        self.jobs, self.starting = [], 0
 
     def _manifest(self) -> str:
         dataset = self.reader.dataset
@@ -442,6 +490,7 @@ class VideoSource:
             "shuffle_seed": spec.shuffle_seed,
             "delta_timestamps": {k: list(v) for k, v in spec.delta_timestamps.items()},
             "episode_pool_size": spec.pool_size,
+            "byte_budget_gb": spec.byte_budget_gb,
             "drop_n_last_frames": spec.drop_n_last_frames,
         }
 
@@ -478,7 +527,7 @@ class VideoSource:
         try:
             yield from _batched(samples, plan.batch_size)
         finally:
-            # the head's pieces are finished by the workers: do not keep them here
+            # the head's chunks are finished by the workers: do not keep them here
             self.reader.resident.clear()
 
     def _note_skips(self, batches: Iterable[Batch]) -> Iterator[Batch]:
