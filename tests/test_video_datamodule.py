@@ -2,6 +2,7 @@
 
 import collections
 import multiprocessing
+import time
 
 import numpy as np
 import pytest
@@ -28,6 +29,15 @@ def make(dataset, **options):
     return VideoEpisodeDataModule(
         str(dataset / "data"), sidecar_dir=str(dataset / "sidecars"), **settings
     )
+
+
+def set_up(dm, workers):
+    """``setup("fit")``, then wait for the workers: they, not the main process (which
+    serves their batches while they start), decode the epoch."""
+    dm.setup("fit")
+    if workers:
+        assert dm.stream.source.wait_for_workers(60)
+    return dm
 
 
 def expected_window(episode, frame, offsets):
@@ -58,8 +68,7 @@ def check_windows(batch):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_every_frame_is_the_one_it_claims_and_every_anchor_comes_once(dataset, workers):
-    dm = make(dataset, num_workers=workers)
-    dm.setup("fit")
+    dm = set_up(make(dataset, num_workers=workers), workers)
     anchors = collections.Counter()
     for batch in dm.train_dataloader():
         anchors.update(check_windows(batch))
@@ -72,7 +81,7 @@ def test_the_byte_budget_bounds_the_decoded_frames_held(dataset, workers):
     # the epoch decodes, where whole pieces held about all of it; frames still exact
     budget_gb = 0.005
     dm = make(dataset, num_workers=workers, byte_budget_gb=budget_gb, episode_pool_size=1)
-    dm.setup("fit")
+    set_up(dm, workers)
     held, anchors = [], collections.Counter()
     for batch in dm.train_dataloader():
         held.append(dm.stream.counters()["resident_bytes"])
@@ -85,8 +94,7 @@ def test_the_byte_budget_bounds_the_decoded_frames_held(dataset, workers):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_decoded_frames_per_delivered_frame_stay_low(dataset, workers):
     # the counters sum the workers' (each batch carries its worker's)
-    dm = make(dataset, num_workers=workers)
-    dm.setup("fit")
+    dm = set_up(make(dataset, num_workers=workers), workers)
     delivered = sum(3 * len(b["index"]) + len(b["index"]) for b in dm.train_dataloader())
     counters = dm.stream.counters()
     dm.teardown("fit")
@@ -112,12 +120,10 @@ def test_workers_stopped_before_their_first_epoch_exit_by_themselves(dataset):
     # started at setup, they wait for a job; teardown (a fit that never trained) must end
     # them, not leave the DataLoader to terminate them after its join timeout
     before = set(multiprocessing.active_children())
-    dm = make(dataset, num_workers=2)
-    dm.setup("fit")
+    dm = set_up(make(dataset, num_workers=2), 2)  # they built their readers, wait for a job
     workers = [p for p in multiprocessing.active_children() if p not in before]
     workers = [p for p in workers if "forkserver" not in p.name]
     assert len(workers) == 2
-    assert dm.stream.source.wait_for_workers(60)  # they built their readers, wait for a job
     dm.teardown("fit")
     for worker in workers:
         worker.join(30)
@@ -130,8 +136,30 @@ def to_bfloat16(images):
 
 def test_a_bfloat16_image_transform_crosses_from_the_workers(dataset):
     # numpy has no bfloat16: such a tensor crosses the pipe as a tensor
-    dm = make(dataset, num_workers=2, image_transforms=to_bfloat16)
-    dm.setup("fit")
+    dm = set_up(make(dataset, num_workers=2, image_transforms=to_bfloat16), 2)
     batch = next(iter(dm.train_dataloader()))
     dm.teardown("fit")
     assert batch[FRONT].dtype == torch.bfloat16 and batch["action"].dtype == torch.float32
+
+
+class SlowImages:
+    """An image transform of 10 ms a camera window: serving the epoch alone would take
+    the main process about 5 s, so the workers are ready before it ends."""
+
+    def __call__(self, images):
+        time.sleep(0.01)
+        return images
+
+
+def test_the_main_process_serves_the_workers_batches_while_they_start(dataset):
+    def epoch(wait):
+        dm = set_up(make(dataset, num_workers=2, image_transforms=SlowImages()), 2 if wait else 0)
+        batches = [b["index"].tolist() for b in dm.train_dataloader()]
+        here, everywhere = dm.stream.source.reader.frames_decoded, dm.stream.counters()
+        dm.teardown("fit")
+        return batches, here, everywhere["frames_decoded"]
+
+    by_workers, none_here, _ = epoch(wait=True)
+    handed_over, here, everywhere = epoch(wait=False)
+    assert none_here == 0 and 0 < here < everywhere  # the main process, then the workers
+    assert handed_over == by_workers  # the same batches in the same order

@@ -6,9 +6,10 @@ import contextlib
 import dataclasses
 import hashlib
 import itertools
+import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,9 @@ WORKER_MODULE = __name__
 # a worker's batch carries its reader's counters under this key, taken off in the main
 # process, so the counters cover the workers
 WORKER_COUNTERS = "_worker_counters"
+# the longest the main process serves the workers' batches while they start; then it
+# waits for them (and the DataLoader reports a worker that died)
+TAKEOVER_LIMIT_S = 60.0
 # in a worker process: its reader, kept for every epoch; its batches carry its counters
 _worker_reader: EpisodeReader | None = None
 
@@ -86,7 +90,7 @@ class EpisodeReader:
 
     A split's resident chunks are decoded whole, once, when their first anchor is served
     (one byte-range read per camera), and dropped after their last anchor. With
-    ``on_decode_error="skip"``, a camera whose piece does not decode is decoded per window
+    ``on_decode_error="skip"``, a camera whose chunk does not decode is decoded per window
     instead, and a window that still fails is returned as a placeholder sample whose
     ``SKIP_REASON`` says why (the stream drops it before ``training_step``).
     """
@@ -354,21 +358,29 @@ def reader_positions(plan: RankEpochPlan, splits: range, head: bool) -> Iterator
 
 
 def reader_samples(
-    reader: EpisodeReader, epoch: int, plan: RankEpochPlan, worker: int, workers: int, head: bool
+    reader: EpisodeReader,
+    epoch: int,
+    plan: RankEpochPlan,
+    worker: int,
+    workers: int,
+    head: bool,
+    skip: int = 0,
 ) -> Iterator[dict[str, Any]]:
     """The samples reader ``worker`` of ``workers`` serves (its contiguous block of the
-    rank's splits), with the plan's head first if ``head``."""
+    rank's splits), with the plan's head first if ``head``, but for the first ``skip``
+    (served by another process; they are not decoded)."""
     splits = plan.splits
     if workers > 1:
         per_worker = len(splits) // workers
         splits = splits[worker * per_worker : (worker + 1) * per_worker]
-    for split, position in reader_positions(plan, splits, head):
+    for split, position in itertools.islice(reader_positions(plan, splits, head), skip, None):
         yield reader.sample(epoch, split, position)
 
 
 class _WorkerStream(IterableDataset):
     """What a persistent DataLoader worker serves: each epoch's job (epoch, plan, whether
-    the main process served the head) arrives through the worker's queue, and the
+    the main process served the head, how many of the worker's samples the main process
+    served while the workers started) arrives through the worker's queue, and the
     worker's :class:`EpisodeReader` (its Parquet columns, open files and indexes) serves
     every epoch."""
 
@@ -387,10 +399,10 @@ class _WorkerStream(IterableDataset):
         job = self.jobs[info.id].get()
         if job is None:
             return  # the workers are being stopped
-        epoch, plan, head_done = job
+        epoch, plan, head_done, skip = job
         _worker_reader.resident.clear()  # an epoch stopped early leaves its chunks
         yield from reader_samples(
-            _worker_reader, epoch, plan, info.id, info.num_workers, not head_done
+            _worker_reader, epoch, plan, info.id, info.num_workers, not head_done, skip
         )
 
 
@@ -415,15 +427,20 @@ class VideoSource:
         self.ready: Any = None  # released by each worker once its reader is built
         self.starting = 0  # workers not yet seen ready
         self.started: Iterator[Batch] | None = None  # the workers' first iterator
+        self.starter: threading.Thread | None = None  # makes it
+        self.start_error: BaseException | None = None
         self.worker_counters: dict[int, dict[str, float]] = {}  # the latest of each
         self.stopped_counts = {"bytes_loaded": 0.0, "frames_decoded": 0.0}  # of past workers
 
     def start_workers(self, workers: int, batch_size: int) -> None:
-        """Start the rank's ``workers`` decoding processes; they serve every epoch.
+        """Prepare the rank's ``workers`` decoding processes; they serve every epoch.
 
-        A persistent DataLoader whose first iterator is made now: its workers start (and
-        wait for a job) while the rest of ``setup`` runs, and keep their readers for
-        every epoch after.
+        A persistent DataLoader whose processes start once the first epoch's first batch
+        is out (or at :meth:`wait_for_workers`): starting them takes seconds of CPU (the
+        forkserver imports torch and the decoders, each worker reads the Parquet), which
+        on a 2-core host made the first batch 1.6x slower when they started at ``setup``.
+        Until they are ready the main process serves their batches. They keep their
+        readers for every epoch after.
         """
         if self.loader is not None and (self.loader.num_workers, self.loader.batch_size) == (
             workers,
@@ -442,12 +459,49 @@ class VideoSource:
             multiprocessing_context=context,
             persistent_workers=True,
         )
-        self.started = iter(self.loader)
+
+    def _launch(self) -> None:
+        """Start the workers, on a thread: making the DataLoader's first iterator waits
+        for each process to start."""
+        if self.starter is None and self.loader is not None:
+            self.start_error = None
+            self.starter = threading.Thread(target=self._start, name="video-workers", daemon=True)
+            self.starter.start()
+
+    def _start(self) -> None:
+        try:
+            self.started = iter(self.loader)
+        except BaseException as exc:  # re-raised in the main thread by _started()
+            self.start_error = exc
+
+    def _started(self) -> Iterator[Batch] | None:
+        """The workers' first iterator (``None`` once an epoch took it), after the thread
+        that makes it ends; its error, if it failed."""
+        self._launch()
+        self.starter.join()
+        if self.start_error is not None:
+            raise self.start_error
+        return self.started
 
     def wait_for_workers(self, timeout: float) -> bool:
-        """Wait until every worker has built its reader (it then waits for its first
-        epoch); ``False`` if ``timeout`` seconds pass first."""
+        """Start the workers if they are not yet, and wait until every one has built its
+        reader (it then waits for its first epoch); ``False`` if ``timeout`` seconds pass
+        first."""
+        self._launch()
+        return self._ready(timeout)
+
+    def _ready(self, timeout: float) -> bool:
+        """Whether every started worker is ready, waiting up to ``timeout`` seconds."""
+        if not self.starting:
+            return True
+        if self.starter is None:
+            return False
         deadline = time.monotonic() + timeout
+        self.starter.join(timeout)
+        if self.starter.is_alive():
+            return False
+        if self.start_error is not None:
+            raise self.start_error
         while self.starting:
             if not self.ready.acquire(timeout=max(0.0, deadline - time.monotonic())):
                 return False
@@ -457,13 +511,15 @@ class VideoSource:
     def stop_workers(self) -> None:
         """Stop the decoding processes (dropping the last reference to the DataLoader's
         iterator shuts its workers down)."""
+        if self.starter is not None:
+            self.starter.join()
         for jobs in self.jobs:
             jobs.put(None)  # a worker waiting for a job (none ran yet) then exits at once
         for counters in self.worker_counters.values():
             for name in self.stopped_counts:
                 self.stopped_counts[name] += counters[name]
         self.worker_counters = {}
-        self.loader = self.started = self.ready = None
+        self.loader = self.started = self.ready = self.starter = None
         self.jobs, self.starting = [], 0
 
     def _manifest(self) -> str:
@@ -511,13 +567,45 @@ class VideoSource:
         if head_here:
             yield from self._note_skips(self._head_batches(epoch, plan))
         self.start_workers(plan.num_workers, plan.batch_size)
+        rounds = yield from self._rounds_while_starting(epoch, plan, not head_here)
+        if rounds is None:
+            return  # the workers were not ready before the epoch ended
         for jobs in self.jobs:
-            jobs.put((epoch, plan, head_here))
+            jobs.put((epoch, plan, head_here, rounds * plan.batch_size))
         # the first epoch takes the iterator the workers started with; a later one
         # resumes them (a persistent DataLoader's iter)
-        batches = iter(self.loader) if self.started is None else self.started
+        started = self._started()
+        batches = iter(self.loader) if started is None else started
         self.started = None
         yield from self._note_skips(map(self._from_worker, batches))
+
+    def _rounds_while_starting(
+        self, epoch: int, plan: RankEpochPlan, head: bool
+    ) -> Generator[Batch, None, int | None]:
+        """While the workers start, the main process serves their batches itself, a round
+        (the next batch of each worker, in the DataLoader's order) at a time, so the first
+        batch does not wait for them. Returns the rounds served, ``None`` if they were the
+        whole epoch. Its chunks are dropped before the workers take over (they decode
+        again what they still need of them), so the budget holds."""
+        workers = plan.num_workers
+        streams = [
+            _batched(reader_samples(self.reader, epoch, plan, w, workers, head), plan.batch_size)
+            for w in range(workers)
+        ]
+        deadline = time.monotonic() + TAKEOVER_LIMIT_S
+        rounds = 0
+        try:
+            while not self._ready(0) and time.monotonic() < deadline:
+                for stream in streams:  # the workers' counts are equal: all end together
+                    batch = next(stream, None)
+                    if batch is None:
+                        return None
+                    yield from self._note_skips([batch])
+                    self._launch()  # once the first batch is out
+                rounds += 1
+        finally:
+            self.reader.resident.clear()
+        return rounds
 
     def _head_batches(self, epoch: int, plan: RankEpochPlan) -> Iterator[Batch]:
         """The head's batches, each decoded when it is asked for: the first batch waits
