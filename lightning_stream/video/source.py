@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import hashlib
 import itertools
@@ -602,9 +603,15 @@ class VideoSource:
                         return None
                     yield from self._note_skips([batch])
                     self._launch()  # once the first batch is out
+                    # one FFmpeg thread leaves a core to the starting workers: with FFmpeg's
+                    # choice (2 threads on 2 cores) this epoch took about twice as long
+                    self.reader.decode_threads = 1
                 rounds += 1
         finally:
             self.reader.resident.clear()
+            self.reader.decode_threads = 0
+            with contextlib.suppress(OSError, AttributeError):
+                ctypes.CDLL(None).malloc_trim(0)
         return rounds
 
     def _head_batches(self, epoch: int, plan: RankEpochPlan) -> Iterator[Batch]:
