@@ -47,8 +47,8 @@ WORKER_MODULE = __name__
 # a worker's batch carries its reader's counters under this key, taken off in the main
 # process, so the counters cover the workers
 WORKER_COUNTERS = "_worker_counters"
-# the longest the main process serves the workers' batches while they start; then it
-# waits for them (and the DataLoader reports a worker that died)
+# the longest the main process serves the workers' batches after starting them; then it
+# waits for them (and the DataLoader reports a worker that failed or died)
 TAKEOVER_LIMIT_S = 60.0
 # in a worker process: its reader, kept for every epoch; its batches carry its counters
 _worker_reader: EpisodeReader | None = None
@@ -429,6 +429,7 @@ class VideoSource:
         self.starting = 0  # workers not yet seen ready
         self.started: Iterator[Batch] | None = None  # the workers' first iterator
         self.starter: threading.Thread | None = None  # makes it
+        self.launched_at = 0.0
         self.start_error: BaseException | None = None
         self.worker_counters: dict[int, dict[str, float]] = {}  # the latest of each
         self.stopped_counts = {"bytes_loaded": 0.0, "frames_decoded": 0.0}  # of past workers
@@ -466,6 +467,7 @@ class VideoSource:
         for each process to start."""
         if self.starter is None and self.loader is not None:
             self.start_error = None
+            self.launched_at = time.monotonic()
             self.starter = threading.Thread(target=self._start, name="video-workers", daemon=True)
             self.starter.start()
 
@@ -593,10 +595,9 @@ class VideoSource:
             _batched(reader_samples(self.reader, epoch, plan, w, workers, head), plan.batch_size)
             for w in range(workers)
         ]
-        deadline = time.monotonic() + TAKEOVER_LIMIT_S
         rounds = 0
         try:
-            while not self._ready(0) and time.monotonic() < deadline:
+            while not self._ready(0) and not self._waited_too_long():
                 for stream in streams:  # the workers' counts are equal: all end together
                     batch = next(stream, None)
                     if batch is None:
@@ -613,6 +614,12 @@ class VideoSource:
             with contextlib.suppress(OSError, AttributeError):
                 ctypes.CDLL(None).malloc_trim(0)
         return rounds
+
+    def _waited_too_long(self) -> bool:
+        """Whether the workers, started over ``TAKEOVER_LIMIT_S`` ago (in this epoch or an
+        earlier one), are still not ready: a worker that failed is then reported."""
+        started = self.starter is not None
+        return started and time.monotonic() > self.launched_at + TAKEOVER_LIMIT_S
 
     def _head_batches(self, epoch: int, plan: RankEpochPlan) -> Iterator[Batch]:
         """The head's batches, each decoded when it is asked for: the first batch waits
