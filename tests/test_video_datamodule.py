@@ -163,3 +163,14 @@ def test_the_main_process_serves_the_workers_batches_while_they_start(dataset):
     handed_over, here, everywhere = epoch(wait=False)
     assert none_here == 0 and 0 < here < everywhere  # the main process, then the workers
     assert handed_over == by_workers  # the same batches in the same order
+
+
+def test_a_pass_stopped_early_leaves_no_stale_frames_in_the_next(dataset):
+    # the main process's chunks of a stopped pass must not serve the next pass's windows
+    dm = set_up(make(dataset, byte_budget_gb=0.005, episode_pool_size=1), 0)
+    for number, batch in enumerate(dm.train_dataloader()):
+        check_windows(batch)
+        if number == 3:
+            break
+    for batch in dm.train_dataloader():
+        check_windows(batch)

@@ -87,6 +87,8 @@ def chunk_frames(budget: int, resident: int, cameras: Sequence[tuple[int, int]])
     beyond its anchors for its windows (the span of the camera's offsets).
     """
     per_anchor = sum(size for size, _ in cameras)
+    if not per_anchor:
+        return budget  # no video: chunks bound nothing, keep the pieces whole
     margins = sum(size * span for size, span in cameras)
     return max(0, (budget // resident - margins) // per_anchor)
 

@@ -7,6 +7,7 @@ import ctypes
 import dataclasses
 import hashlib
 import itertools
+import math
 import threading
 import time
 import warnings
@@ -29,7 +30,7 @@ from lightning_stream.video.decode import (
     decode_range,
     frames_at,
 )
-from lightning_stream.video.lerobot import ID_COLUMNS, Episode, check_video_files, open_dataset
+from lightning_stream.video.lerobot import ID_COLUMNS, check_video_files, open_dataset
 from lightning_stream.video.mp4 import VideoTrack
 from lightning_stream.video.plan import (
     anchor_order,
@@ -164,12 +165,13 @@ class EpisodeReader:
         anchors = chunk_frames(budget, spec.num_splits * spec.pool_size, cameras)
         if anchors < 1:
             least = spec.num_splits * spec.pool_size * sum(f * (1 + s) for f, s in cameras)
+            least_gb = math.ceil(least / 2**30 * 1000) / 1000
             raise ValueError(
                 f"byte_budget_gb={spec.byte_budget_gb:g} cannot hold one window's"
                 f" decoded frames per resident chunk: num_splits={spec.num_splits} x"
                 f" episode_pool_size={spec.pool_size} chunks, each at least"
                 f" {least // (spec.num_splits * spec.pool_size)} bytes. Raise"
-                f" byte_budget_gb to at least {least / 2**30:.3g}, or lower num_splits or"
+                f" byte_budget_gb to at least {least_gb:g}, or lower num_splits or"
                 " episode_pool_size"
             )
         return anchors
@@ -184,14 +186,6 @@ class EpisodeReader:
             self.tracks[relative] = track
             self.files[relative] = self.dataset.fs.open_input_file(video.path)
         return self.tracks[relative], self.files[relative]
-
-    def payload_bytes(self, episode: Episode, camera: str) -> int:
-        """Compressed bytes of one camera's frames of ``episode``."""
-        relative, from_timestamp = episode.videos[camera]
-        track, _ = self._track(relative)
-        seconds = from_timestamp + np.arange(episode.length) / self.fps
-        wanted = frames_at(track, seconds, self.dataset.path(relative), 0.5 / self.fps)
-        return int(track.size[wanted].sum())
 
     def _decode_chunk(self, episode_slot: int, start: int, stop: int) -> _Resident:
         """The decoded frames of a chunk (plus its windows' margins), from byte ranges."""
@@ -460,6 +454,9 @@ class VideoSource:
             collate_fn=_numpy_collate,
             multiprocessing_context=context,
             persistent_workers=True,
+            # the workers' seeds, drawn from this, not from torch's global generator at
+            # whatever moment the starter thread runs
+            generator=torch.Generator().manual_seed(self.spec.shuffle_seed),
         )
 
     def _launch(self) -> None:
@@ -562,6 +559,7 @@ class VideoSource:
             )
 
     def chunks(self, epoch: int, consumed: list[int], plan: RankEpochPlan) -> Iterator[Batch]:
+        self.reader.resident.clear()  # a pass stopped early leaves its chunks
         if plan.num_workers == 0:
             samples = reader_samples(self.reader, epoch, plan, 0, 1, head=True)
             yield from self._note_skips(_batched(samples, plan.batch_size))
@@ -611,8 +609,9 @@ class VideoSource:
         finally:
             self.reader.resident.clear()
             self.reader.decode_threads = 0
-            with contextlib.suppress(OSError, AttributeError):
-                ctypes.CDLL(None).malloc_trim(0)
+            if rounds:
+                with contextlib.suppress(OSError, AttributeError):
+                    ctypes.CDLL(None).malloc_trim(0)
         return rounds
 
     def _waited_too_long(self) -> bool:
@@ -627,7 +626,9 @@ class VideoSource:
         positions = reader_positions(plan, range(0), True)
         samples = (self.reader.sample(epoch, split, p) for split, p in positions)
         try:
-            yield from _batched(samples, plan.batch_size)
+            for batch in _batched(samples, plan.batch_size):
+                yield batch
+                self._launch()  # once the first batch is out
         finally:
             # the head's chunks are finished by the workers: do not keep them here
             self.reader.resident.clear()
