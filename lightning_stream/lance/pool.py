@@ -20,8 +20,6 @@ script's own imports, which every spawned or forkserver worker runs again.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import itertools
 import logging
 import os
@@ -54,8 +52,6 @@ WORKER_MODULE = __name__
 SLOTS = 4
 POLL_S = 0.2
 NO_JOB = -1
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-MMAP_THRESHOLD_BYTES = 2**20
 _starting = threading.Lock()
 log = logging.getLogger(__name__)
 
@@ -320,7 +316,6 @@ def _work(
     """A worker process: serve each job it is sent, unless a later one replaced it."""
     # Ctrl-C reaches the whole process group: the main process decides what stops
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _unmap_large_blocks()
     served = _Worker(worker, io)
     try:
         table = opener()  # ready before the first job; a failure is reported with it
@@ -355,18 +350,6 @@ def _work(
         return  # the main process is gone
     finally:
         served.arena.close()
-
-
-def _unmap_large_blocks() -> None:
-    """Have this worker's malloc map large blocks and unmap them when freed.
-
-    glibc raises its mmap threshold with every large block freed (up to 32 MiB), after
-    which lance's read buffers come from its heaps and stay resident when freed: a
-    worker then held about 60 MB more than what it was reading. A fixed threshold (which
-    also stops the raising) returns each read's buffers to the system. Not glibc: no-op.
-    """
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
 
 
 class _Worker:
