@@ -242,7 +242,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--rounds", type=int, help="rounds of each timed configuration (default 2; --heavy: 3)"
+    )
     parser.add_argument(
         "--heavy", action="store_true", help="memory and speed on a >= 1 GB table of heavy rows"
     )
@@ -251,6 +253,7 @@ def main() -> None:
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--uri", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.rounds = args.rounds or (3 if args.heavy else 2)
     if args.one:
         run_one(args.one, args.uri, args.batch_size)
         return
@@ -261,7 +264,7 @@ def main() -> None:
         import lance_heavy
 
         with tempfile.TemporaryDirectory() as tmp:
-            lance_heavy.main(args.heavy_rows, Path(tmp))
+            lance_heavy.main(args.heavy_rows, Path(tmp), args.rounds)
         return
     best: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -17,8 +17,14 @@ is ratios of figures measured side by side in one run.
    workers, which the module keeps for the second): ``LanceDataModule`` at 0 and 2 workers
    next to raw ``lancedb.streaming.StreamingDataLoader`` at its defaults (rows as Python
    dicts; batches are the list of rows, since torch's default collate fails on the
-   nulls) at 0 and 2 workers. Rows/s of each epoch over the whole epoch, after its
-   first batch and over its second half.
+   nulls) at 0 and 2 workers. The clock starts after the imports (a script's own) when
+   the loader is built, so opening the table and starting workers count. Rows/s of each
+   epoch over the whole epoch, after its first batch and over its second half;
+   ``--rounds`` interleaved rounds (default 3), each ratio taken within a round and
+   reported as the median and range over the rounds. ``module-warm`` is the module at 2
+   workers in a process whose forkserver already runs (an earlier data module started
+   and stopped its workers before the clock): the first epoch without the workers'
+   start-up, which is almost all the forkserver importing lancedb.
 3. Binary column under ``Trainer``: the median time of a step with a no-op
    ``training_step`` over 64 heavy rows (batch start to batch start, less the time spent
    waiting for the loader, so Lightning's own work: hooks, the device transfer), with
@@ -118,11 +124,20 @@ def raw_collate(rows: list[dict]) -> dict:
 
 
 def speed(uri: str, kind: str, workers: int) -> dict:
+    # the clock starts after the imports (a training script's own) and before the
+    # loader is built: opening the table and starting any workers count
+    import lancedb
+    from lancedb.streaming import StreamingDataLoader, StreamingDataset
+
+    import lightning_stream.lance.datamodule  # noqa: F401
+
+    if kind == "module-warm":
+        earlier = _module(uri, workers)
+        earlier.setup("fit")
+        next(iter(earlier.train_dataloader()))
+        earlier.teardown("fit")
     start = time.perf_counter()
     if kind == "raw":
-        import lancedb
-        from lancedb.streaming import StreamingDataLoader, StreamingDataset
-
         table = lancedb.connect(uri).open_table("heavy")
 
         def loader():
@@ -199,19 +214,23 @@ def run_one(config: str, uri: str) -> dict:
     return binary_step(uri, rest[0] == "jpeg")
 
 
-CONFIGS = [
-    "memory:0",
-    "memory:2",
+ONCE = ["memory:0", "memory:2", "binary:jpeg", "binary:none"]
+# run --rounds times, interleaved; a ratio is taken within each round
+SPEED = [
     "speed:module:0",
     "speed:raw:0",
     "speed:module:2",
     "speed:raw:2",
-    "binary:jpeg",
-    "binary:none",
+    "speed:module-warm:2",
 ]
+SPANS = {
+    "whole epoch": "rows_per_s",
+    "after the 1st batch": "after_first",
+    "2nd half": "second_half",
+}
 
 
-def main(rows: int, workdir: Path) -> None:
+def main(rows: int, workdir: Path, rounds: int) -> None:
     from lightning_stream.lance.synthetic import make_heavy_table
 
     uri = str(workdir / "db")
@@ -221,19 +240,23 @@ def main(rows: int, workdir: Path) -> None:
     print(
         f"heavy table: {rows} rows, {size:.2f} GB on disk ({time.perf_counter() - started:.0f} s)"
     )
-    results = {}
-    for config in CONFIGS:
-        command = [sys.executable, __file__, config, uri]
-        output = subprocess.run(command, capture_output=True, text=True, check=False)
-        line = next((x for x in output.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if line is None:
-            raise RuntimeError(f"{config} failed:\n{output.stderr[-4000:]}")
-        results[config] = json.loads(line.removeprefix("RESULT "))
-        print(f"{config:<16} {json.dumps(results[config])}", flush=True)
-    report(results)
+    results = {config: _run(config, uri) for config in ONCE}
+    speeds = [{config: _run(config, uri) for config in SPEED} for _ in range(rounds)]
+    report(results, speeds)
 
 
-def report(results: dict) -> None:
+def _run(config: str, uri: str) -> dict:
+    command = [sys.executable, __file__, config, uri]
+    output = subprocess.run(command, capture_output=True, text=True, check=False)
+    line = next((x for x in output.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"{config} failed:\n{output.stderr[-4000:]}")
+    result = json.loads(line.removeprefix("RESULT "))
+    print(f"{config:<20} {json.dumps(result)}", flush=True)
+    return result
+
+
+def report(results: dict, speeds: list[dict]) -> None:
     print("\nmemory, one epoch with a 20 ms step (MB of the process tree, RSS / PSS)")
     for workers in (0, 2):
         r = results[f"memory:{workers}"]
@@ -250,34 +273,50 @@ def report(results: dict) -> None:
             f" resident_bytes counter peak {r['resident_mb']:.0f} MB"
         )
     print(
-        "\nspeed, no step (rows/s: whole epoch / after the 1st batch / 2nd half); the first"
-        " epoch includes starting the workers"
+        f"\nspeed, no step, {len(speeds)} interleaved rounds: median rows/s (whole epoch /"
+        " after its 1st batch / its 2nd half); the clock starts when the loader is built,"
+        " so the first epoch includes opening the table and starting the workers"
     )
+    names = {
+        "module 0w": "speed:module:0",
+        "raw 0w": "speed:raw:0",
+        "module 2w": "speed:module:2",
+        "raw 2w": "speed:raw:2",
+        "module 2w, warm": "speed:module-warm:2",
+    }
     for epoch in ("first", "second"):
-        module0 = results["speed:module:0"][epoch]
-        module2 = results["speed:module:2"][epoch]
-        raw0, raw2 = results["speed:raw:0"][epoch], results["speed:raw:2"][epoch]
         print(f" {epoch} epoch")
-        named = {"module 0w": module0, "raw 0w": raw0, "module 2w": module2, "raw 2w": raw2}
-        for name, r in named.items():
-            rates = (r["rows_per_s"], r["after_first"], r["second_half"])
-            print(f"  {name:<10}" + "".join(f" {rate:>8.0f}" for rate in rates))
-        spans = {
-            "whole epoch": "rows_per_s",
-            "after the 1st batch": "after_first",
-            "second half": "second_half",
+        for name, config in names.items():
+            rates = [_median(speeds, config, epoch, key) for key in SPANS.values()]
+            print(f"  {name:<16}" + "".join(f" {rate:>8.0f}" for rate in rates))
+        pairs = {
+            "module 2w / module 0w": ("speed:module:2", "speed:module:0"),
+            "module 2w / raw 2w": ("speed:module:2", "speed:raw:2"),
+            "module 0w / raw 0w": ("speed:module:0", "speed:raw:0"),
         }
-        for label, key in spans.items():
-            print(
-                f"  {label}: module 2w / module 0w {module2[key] / module0[key]:.2f};"
-                f" module 2w / raw 2w {module2[key] / raw2[key]:.2f};"
-                f" module 0w / raw 0w {module0[key] / raw0[key]:.2f}"
+        if epoch == "first":
+            # the workers' start-up taken out: this process's forkserver already ran
+            pairs["module 2w, warm / module 0w"] = ("speed:module-warm:2", "speed:module:0")
+        for label, key in SPANS.items():
+            ratios = "; ".join(
+                f"{name} {_ratio(speeds, *configs, epoch, key)}" for name, configs in pairs.items()
             )
+            print(f"  {label}: {ratios}")
     jpeg, none = results["binary:jpeg"]["median_step_ms"], results["binary:none"]["median_step_ms"]
     print(
         f"\nno-op Trainer step, 64 heavy rows: {jpeg:.2f} ms with jpeg, {none:.2f} ms without"
         f" ({jpeg - none:+.2f} ms)"
     )
+
+
+def _median(speeds: list[dict], config: str, epoch: str, key: str) -> float:
+    return statistics.median(round_[config][epoch][key] for round_ in speeds)
+
+
+def _ratio(speeds: list[dict], top: str, bottom: str, epoch: str, key: str) -> str:
+    """The median of the per-round ratios, and their range."""
+    ratios = [r[top][epoch][key] / r[bottom][epoch][key] for r in speeds]
+    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 if __name__ == "__main__":
