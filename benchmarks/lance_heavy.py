@@ -24,7 +24,9 @@ is ratios of figures measured side by side in one run.
    reported as the median and range over the rounds. ``module-warm`` is the module at 2
    workers in a process whose forkserver already runs (an earlier data module started
    and stopped its workers before the clock): the first epoch without the workers'
-   start-up, which is almost all the forkserver importing lancedb.
+   start-up, which is almost all the forkserver importing lancedb. ``fit``: the module
+   under ``Trainer.fit`` (two epochs, a no-op ``training_step``), the rows/s reaching
+   the step, the clock started before the data module and the ``Trainer`` are built.
 3. Binary column under ``Trainer``: the median time of a step with a no-op
    ``training_step`` over 64 heavy rows (batch start to batch start, less the time spent
    waiting for the loader, so Lightning's own work: hooks, the device transfer), with
@@ -59,9 +61,10 @@ def _module(uri: str, workers: int, **options):
 def _trainer(**options):
     import lightning.pytorch as pl
 
+    options = {"max_epochs": 1, **options}
     return pl.Trainer(
-        accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, **options,
+        accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, **options,
     )  # fmt: skip
 
 
@@ -203,6 +206,32 @@ def binary_step(uri: str, with_jpeg: bool) -> dict:
     return {"median_step_ms": statistics.median(times) * 1000}
 
 
+def fit(uri: str, workers: int) -> dict:
+    """Two epochs of ``Trainer.fit`` with a no-op ``training_step``: the rows/s that reach
+    the step, the clock as in ``speed``."""
+    import lightning.pytorch as pl
+    import torch
+
+    import lightning_stream.lance.datamodule  # noqa: F401
+
+    epochs: list[list[tuple[float, int]]] = [[], []]
+
+    class NoOp(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.anchor = torch.nn.Parameter(torch.zeros(1))
+
+        def training_step(self, batch, batch_idx):
+            epochs[self.current_epoch].append((time.perf_counter(), len(batch["id"])))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    start = time.perf_counter()
+    _trainer(max_epochs=2).fit(NoOp(), datamodule=_module(uri, workers))
+    return {"first": _rates(start, epochs[0]), "second": _rates(epochs[0][-1][0], epochs[1])}
+
+
 def run_one(config: str, uri: str) -> dict:
     import lightning.pytorch  # noqa: F401  (a training process has Lightning imported)
 
@@ -211,6 +240,8 @@ def run_one(config: str, uri: str) -> dict:
         return memory(uri, int(rest[0]))
     if what == "speed":
         return speed(uri, rest[0], int(rest[1]))
+    if what == "fit":
+        return fit(uri, int(rest[0]))
     return binary_step(uri, rest[0] == "jpeg")
 
 
@@ -222,6 +253,8 @@ SPEED = [
     "speed:module:2",
     "speed:raw:2",
     "speed:module-warm:2",
+    "fit:0",
+    "fit:2",
 ]
 SPANS = {
     "whole epoch": "rows_per_s",
@@ -283,6 +316,8 @@ def report(results: dict, speeds: list[dict]) -> None:
         "module 2w": "speed:module:2",
         "raw 2w": "speed:raw:2",
         "module 2w, warm": "speed:module-warm:2",
+        "fit 0w": "fit:0",
+        "fit 2w": "fit:2",
     }
     for epoch in ("first", "second"):
         print(f" {epoch} epoch")
@@ -293,6 +328,7 @@ def report(results: dict, speeds: list[dict]) -> None:
             "module 2w / module 0w": ("speed:module:2", "speed:module:0"),
             "module 2w / raw 2w": ("speed:module:2", "speed:raw:2"),
             "module 0w / raw 0w": ("speed:module:0", "speed:raw:0"),
+            "fit 2w / fit 0w": ("fit:2", "fit:0"),
         }
         if epoch == "first":
             # the workers' start-up taken out: this process's forkserver already ran
