@@ -37,12 +37,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 from measure import tree_memory_mb
 
 NUM_SPLITS = 48
@@ -158,10 +160,25 @@ def speed(uri: str, kind: str, workers: int) -> dict:
         loader = dm.train_dataloader
     epochs = []
     for _ in range(2):
+        cpu = _cpu_seconds(dm if kind != "raw" else None)
         stamps = [(time.perf_counter(), len(batch["id"])) for batch in loader()]
         epochs.append(_rates(start, stamps))
         start = time.perf_counter()
+    epochs[1]["cpu_s"] = (_cpu_seconds(dm if kind != "raw" else None) - cpu).tolist()
     return {"first": epochs[0], "second": epochs[1]}
+
+
+def _cpu_seconds(dm) -> np.ndarray:
+    """CPU seconds so far of this process and of ``dm``'s reading workers (Linux)."""
+    main = sum(os.times()[:2])
+    pool = dm.stream.source.pool if dm is not None else None
+    workers = 0.0
+    for process in pool.processes if pool is not None else []:
+        with open(f"/proc/{process.pid}/stat") as stat:
+            # utime and stime, after the command name (which may hold spaces)
+            fields = stat.read().rsplit(")", 1)[1].split()
+        workers += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return np.array([main, workers])
 
 
 def _rates(start: float, stamps: list[tuple[float, int]]) -> dict:
@@ -215,11 +232,15 @@ def fit(uri: str, workers: int) -> dict:
     import lightning_stream.lance.datamodule  # noqa: F401
 
     epochs: list[list[tuple[float, int]]] = [[], []]
+    cpu: list[np.ndarray] = []
 
     class NoOp(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
             self.anchor = torch.nn.Parameter(torch.zeros(1))
+
+        def on_train_epoch_end(self) -> None:
+            cpu.append(_cpu_seconds(dm))
 
         def training_step(self, batch, batch_idx):
             epochs[self.current_epoch].append((time.perf_counter(), len(batch["id"])))
@@ -228,8 +249,11 @@ def fit(uri: str, workers: int) -> dict:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     start = time.perf_counter()
-    _trainer(max_epochs=2).fit(NoOp(), datamodule=_module(uri, workers))
-    return {"first": _rates(start, epochs[0]), "second": _rates(epochs[0][-1][0], epochs[1])}
+    dm = _module(uri, workers)
+    _trainer(max_epochs=2).fit(NoOp(), datamodule=dm)
+    second = _rates(epochs[0][-1][0], epochs[1])
+    second["cpu_s"] = (cpu[1] - cpu[0]).tolist()
+    return {"first": _rates(start, epochs[0]), "second": second}
 
 
 def run_one(config: str, uri: str) -> dict:
@@ -338,6 +362,14 @@ def report(results: dict, speeds: list[dict]) -> None:
                 f"{name} {_ratio(speeds, *configs, epoch, key)}" for name, configs in pairs.items()
             )
             print(f"  {label}: {ratios}")
+    print(" CPU seconds of the 2nd epoch, main process + workers (median over the rounds)")
+    for name, config in names.items():
+        if config.startswith("speed:raw"):
+            continue  # lancedb's DataLoader workers are not this process's to read
+        main, workers = (
+            statistics.median(r[config]["second"]["cpu_s"][i] for r in speeds) for i in (0, 1)
+        )
+        print(f"  {name:<16} {main:.2f} + {workers:.2f} = {main + workers:.2f}")
     jpeg, none = results["binary:jpeg"]["median_step_ms"], results["binary:none"]["median_step_ms"]
     print(
         f"\nno-op Trainer step, 64 heavy rows: {jpeg:.2f} ms with jpeg, {none:.2f} ms without"
