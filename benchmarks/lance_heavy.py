@@ -172,8 +172,9 @@ def _cpu_seconds(dm) -> np.ndarray:
     """CPU seconds so far of this process and of ``dm``'s reading workers (Linux)."""
     main = sum(os.times()[:2])
     pool = dm.stream.source.pool if dm is not None else None
+    started = [process for process in pool.processes if process] if pool is not None else []
     workers = 0.0
-    for process in pool.processes if pool is not None else []:
+    for process in started:
         with open(f"/proc/{process.pid}/stat") as stat:
             # utime and stime, after the command name (which may hold spaces)
             fields = stat.read().rsplit(")", 1)[1].split()
