@@ -331,9 +331,10 @@ def report(results: dict, speeds: list[dict]) -> None:
             f" resident_bytes counter peak {r['resident_mb']:.0f} MB"
         )
     print(
-        f"\nspeed, no step, {len(speeds)} interleaved rounds: median rows/s (whole epoch /"
-        " after its 1st batch / its 2nd half); the clock starts when the loader is built,"
-        " so the first epoch includes opening the table and starting the workers"
+        f"\nspeed ('fit': a no-op training_step under Trainer.fit; the rest: a bare loop),"
+        f" {len(speeds)} interleaved rounds: median rows/s (whole epoch / after its 1st"
+        " batch / its 2nd half); the clock starts when the loader is built, so the first"
+        " epoch includes opening the table and starting the workers"
     )
     names = {
         "module 0w": "speed:module:0",
