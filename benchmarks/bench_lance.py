@@ -4,9 +4,10 @@
     python benchmarks/bench_lance.py --heavy  # 50k rows of ~22 KB: see lance_heavy.py
 
 Each configuration runs in a fresh process that has imported Lightning (as a training
-process has), on the same table, ``--rounds`` times interleaved; the best round counts.
-The machines are shared and noisy, so the report is ratios of figures measured side by
-side. Configurations (batch 256, 32 splits, shuffled):
+process has), on the same table, ``--rounds`` times interleaved (default 2); the best
+round counts (``--heavy``: 3 rounds, medians; see ``lance_heavy.py``). The machines are
+shared and noisy, so the report is ratios of figures measured side by side.
+Configurations (batch 256, 32 splits, shuffled):
 
 - ``raw-default``: ``lancedb.streaming.StreamingDataLoader`` at lancedb's defaults (rows as
   Python dicts, the default collate).
@@ -253,7 +254,10 @@ def main() -> None:
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--uri", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    args.rounds = args.rounds or (3 if args.heavy else 2)
+    if args.rounds is None:
+        args.rounds = 3 if args.heavy else 2
+    elif args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if args.one:
         run_one(args.one, args.uri, args.batch_size)
         return
