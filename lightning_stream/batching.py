@@ -13,12 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-Batch = dict[str, Any]
+from lightning_stream.skipped import SKIP_REASON
 
-# A source may mark rows it could not produce (e.g. windows of a damaged video) with a
-# non-empty reason in this column: they travel as placeholders, so batches are still cut
-# at the plan's row boundaries, and are dropped just before the batch is handed out.
-SKIP_REASON = "_skip_reason"
+Batch = dict[str, Any]
 
 
 def batch_len(batch: Mapping[str, Any]) -> int:

@@ -31,8 +31,16 @@ class ChunkSource(Protocol):
     def pin(self, identity: dict[str, Any]) -> None:
         """Read exactly the data version named in a saved identity from now on."""
 
-    def chunks(self, epoch: int, consumed: list[int], plan: RankEpochPlan) -> Iterator[Batch]:
-        """This rank's remaining rows of ``epoch`` in plan order, as columnar chunks."""
+    def chunks(
+        self,
+        epoch: int,
+        consumed: list[int],
+        plan: RankEpochPlan,
+        upcoming: tuple[int, RankEpochPlan] | None = None,
+    ) -> Iterator[Batch]:
+        """This rank's remaining rows of ``epoch`` in plan order, as columnar chunks.
+        ``upcoming``: the epoch that probably follows and its plan, which the source may
+        start preparing when this one ends."""
 
     def counters(self) -> dict[str, float]:
         """The source's own counters (bytes loaded, queue depths, rows skipped)."""
@@ -171,7 +179,12 @@ class ResumableStream:
         they were cut into, so a resume never serves them again; a batch left with no row
         is not handed out, its rows count with the next batch."""
         order = self.state.epoch if self.fixed_order_epoch is None else self.fixed_order_epoch
-        chunks = self.source.chunks(order, list(self.state.consumed), run.plan)
+        # a fresh epoch of the same topology follows an epoch, unless the run stops
+        upcoming = (
+            self.state.epoch + 1 if self.fixed_order_epoch is None else order,
+            self._plan([0] * self.source.num_splits),
+        )
+        chunks = self.source.chunks(order, list(self.state.consumed), run.plan, upcoming)
         carried = 0
         for planned in rechunk(chunks, run.plan.sizes):
             batch = drop_skipped(planned)

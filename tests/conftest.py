@@ -13,6 +13,15 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = "lightning_stream.demo"
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead and waiting to be reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def last_step(ledger_dir: Path) -> int:
     """The highest step in a run's ledger so far; -1 before its first entry."""
     try:

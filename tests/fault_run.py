@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import threading
@@ -49,26 +48,38 @@ class KillWorker(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step != self.step:
             return
+        pool = trainer.datamodule.stream.source.pool
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            readers = [p for p in multiprocessing.active_children() if "reader" in p.name]
-            if readers:
-                os.kill(readers[0].pid, signal.SIGKILL)
-                return
+        while not pool.ready():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the reading workers did not start within 120 s")
             time.sleep(0.05)
-        raise RuntimeError("no reading worker started within 120 s")
+        os.kill(pool.pids[0], signal.SIGKILL)
+
+
+class SlowStep(Callback):
+    """A training step of ``ms`` milliseconds, slower than the reads, as real ones are."""
+
+    def __init__(self, ms: float) -> None:
+        self.seconds = ms / 1000
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        time.sleep(self.seconds)
 
 
 def main() -> None:
     parser = arguments()
     parser.add_argument("--kill-during-save", type=int)
     parser.add_argument("--kill-worker-after", type=int)
+    parser.add_argument("--step-ms", type=float)
     args = parser.parse_args()
     faults = []
     if args.kill_during_save:
         faults.append(KillDuringSave(args.ckpt_dir, args.kill_during_save))
     if args.kill_worker_after:
         faults.append(KillWorker(args.kill_worker_after))
+    if args.step_ms:
+        faults.append(SlowStep(args.step_ms))
     run(args, tuple(faults))
 
 

@@ -1,7 +1,6 @@
 """VideoEpisodeDataModule on LeRobot v3 datasets written here with PyAV."""
 
 import collections
-import multiprocessing
 import time
 
 import numpy as np
@@ -10,6 +9,8 @@ import torch
 
 from lightning_stream.video.datamodule import VideoEpisodeDataModule
 from lightning_stream.video.synthetic import frame_index, write_dataset
+
+from .conftest import alive
 
 LENGTHS = [25, 14, 31, 18, 22, 9, 27, 16, 20, 19, 24, 15]  # 240 frames
 STARTS = np.concatenate([[0], np.cumsum(LENGTHS)[:-1]])
@@ -32,12 +33,18 @@ def make(dataset, **options):
 
 
 def set_up(dm, workers):
-    """``setup("fit")``, then wait for the workers: they, not the main process (which
-    serves their batches while they start), decode the epoch."""
     dm.setup("fit")
-    if workers:
-        assert dm.stream.source.wait_for_workers(60)
     return dm
+
+
+def worker_pids(dm) -> list[int]:
+    """The pids of the data module's decoding workers, once they all started."""
+    pool = dm.stream.source.pool
+    deadline = time.monotonic() + 60
+    while not pool.ready():
+        assert time.monotonic() < deadline, "the workers did not start in 60 s"
+        time.sleep(0.05)
+    return list(pool.pids)
 
 
 def expected_window(episode, frame, offsets):
@@ -116,18 +123,12 @@ def test_bad_keys_and_budgets_are_named(dataset):
         make(dataset, num_workers=5).setup("fit")
 
 
-def test_workers_stopped_before_their_first_epoch_exit_by_themselves(dataset):
-    # started at setup, they wait for a job; teardown (a fit that never trained) must end
-    # them, not leave the DataLoader to terminate them after its join timeout
-    before = set(multiprocessing.active_children())
-    dm = set_up(make(dataset, num_workers=2), 2)  # they built their readers, wait for a job
-    workers = [p for p in multiprocessing.active_children() if p not in before]
-    workers = [p for p in workers if "forkserver" not in p.name]
-    assert len(workers) == 2
+def test_workers_stopped_before_their_first_epoch_exit(dataset):
+    # started at setup, they wait for a job; teardown (a fit that never trained) ends them
+    dm = set_up(make(dataset, num_workers=2), 2)
+    pids = worker_pids(dm)
     dm.teardown("fit")
-    for worker in workers:
-        worker.join(30)
-        assert worker.exitcode == 0
+    assert len(pids) == 2 and not any(map(alive, pids))
 
 
 def to_bfloat16(images):
@@ -140,29 +141,6 @@ def test_a_bfloat16_image_transform_crosses_from_the_workers(dataset):
     batch = next(iter(dm.train_dataloader()))
     dm.teardown("fit")
     assert batch[FRONT].dtype == torch.bfloat16 and batch["action"].dtype == torch.float32
-
-
-class SlowImages:
-    """An image transform of 10 ms a camera window: serving the epoch alone would take
-    the main process about 5 s, so the workers are ready before it ends."""
-
-    def __call__(self, images):
-        time.sleep(0.01)
-        return images
-
-
-def test_the_main_process_serves_the_workers_batches_while_they_start(dataset):
-    def epoch(wait):
-        dm = set_up(make(dataset, num_workers=2, image_transforms=SlowImages()), 2 if wait else 0)
-        batches = [b["index"].tolist() for b in dm.train_dataloader()]
-        here, everywhere = dm.stream.source.reader.frames_decoded, dm.stream.counters()
-        dm.teardown("fit")
-        return batches, here, everywhere["frames_decoded"]
-
-    by_workers, none_here, _ = epoch(wait=True)
-    handed_over, here, everywhere = epoch(wait=False)
-    assert none_here == 0 and 0 < here < everywhere  # the main process, then the workers
-    assert handed_over == by_workers  # the same batches in the same order
 
 
 def test_a_pass_stopped_early_leaves_no_stale_frames_in_the_next(dataset):

@@ -16,7 +16,7 @@ from lightning_stream.datamodule import StreamingDataModule
 from lightning_stream.lance.source import LanceSource
 from lightning_stream.plan import check_topology
 from lightning_stream.storage import check_options, is_remote
-from lightning_stream.workers import check_main_guard, check_picklable
+from lightning_stream.workers.checks import check_sendable
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +50,10 @@ class LanceDataModule(StreamingDataModule):
             ``batch_size * world_size``. For the same global batches on every topology make
             the global batch a multiple of ``num_splits`` (a warning says when it is not).
         num_workers: reading worker processes per rank; default 0 (the main process reads,
-            on its reader's threads). Started at ``setup``, kept for every epoch, stopped
-            at ``teardown``; until one is up the main process reads its batches itself.
-            The batches do not depend on who reads them
-            (:mod:`lightning_stream.lance.pool`).
+            on its reader's threads). Started at ``setup`` without waiting for them, kept
+            for every epoch, stopped at ``teardown``, and gone within moments of the
+            training process if it dies, even by ``SIGKILL``. The batches do not depend
+            on who reads them (:mod:`lightning_stream.workers.pool`).
         shuffle: shuffle rows into splits, anew each epoch; default ``True``. ``False``
             cuts the table into splits in storage order.
         shuffle_seed: base seed of the shuffle, combined with the epoch; default 0. A
@@ -92,9 +92,6 @@ class LanceDataModule(StreamingDataModule):
             size and however slow the training step is. Each reading process also always
             allows one read of at least one row, and the DataLoader holds up to
             ``prefetch_factor`` (2) batches per worker beyond it (README, "Memory").
-        multiprocessing_context: start method of the workers, ``"forkserver"`` (default;
-            workers start about a quarter faster than with spawn here) or ``"spawn"``.
-            ``"fork"`` is refused: lancedb crashes in forked workers.
         storage_options: object-store options for ``lancedb.connect`` (and every worker's
             reopen), e.g. ``{"aws_access_key_id": ..., "aws_secret_access_key": ...,
             "aws_region": ..., "aws_endpoint": ..., "allow_http": "true"}``; default
@@ -125,7 +122,6 @@ class LanceDataModule(StreamingDataModule):
         predict_table: str | None = None,
         shuffle_clump_size: int | None = None,
         read_ahead_bytes: int = 256 * 2**20,
-        multiprocessing_context: str = "forkserver",
         storage_options: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
@@ -136,11 +132,6 @@ class LanceDataModule(StreamingDataModule):
             _check_positive(shuffle_clump_size=shuffle_clump_size)
         if num_workers < 0:
             raise ValueError(f"num_workers must be 0 or more, got {num_workers}")
-        if multiprocessing_context not in ("spawn", "forkserver"):
-            raise ValueError(
-                f"multiprocessing_context={multiprocessing_context!r}: use 'spawn' or"
-                " 'forkserver' (lancedb crashes in workers started with 'fork')"
-            )
         for stage, given in (
             ("val", (val_filter, val_table)),
             ("test", (test_filter, test_table)),
@@ -167,7 +158,6 @@ class LanceDataModule(StreamingDataModule):
         self.predict_table = predict_table
         self.shuffle_clump_size = shuffle_clump_size
         self.read_ahead_bytes = read_ahead_bytes
-        self.multiprocessing_context = multiprocessing_context
         self.storage_options = storage_options
         self._val: LanceSource | None = None
         self._evaluation: dict[str, LanceSource] = {}
@@ -176,8 +166,7 @@ class LanceDataModule(StreamingDataModule):
         _, world_size = self._rank_and_world()
         check_topology(self.num_splits, world_size, self.num_workers)
         if self.num_workers:
-            check_picklable(self.transform, "transform")
-            check_main_guard()
+            check_sendable(self.transform, "transform")
         if stage == "fit":
             source = self._source(self.table, self.filter, self.shuffle, self.version)
             self._check_rows(source, "filter", self.filter)
@@ -230,7 +219,6 @@ class LanceDataModule(StreamingDataModule):
             transform=self.transform,
             read_ahead_bytes=self.read_ahead_bytes,
             num_workers=self.num_workers,
-            multiprocessing_context=self.multiprocessing_context,
             storage_options=self.storage_options,
         )
         return source
@@ -347,9 +335,7 @@ class _EvaluationLoader:
         sizes = [self.batch_size] * (len(rows) // self.batch_size)
         if len(rows) % self.batch_size:
             sizes.append(len(rows) % self.batch_size)
-        make = self.source.batch_maker()
-        reader = self.source.reader(rows, self.source.read_ahead_bytes)
-        return (make(table) for table in reader.batches(sizes))
+        return map(self.source.batch_maker(), self.source.read_here(rows, sizes))
 
 
 def _check_positive(**values: int) -> None:

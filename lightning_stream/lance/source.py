@@ -9,15 +9,17 @@ from typing import Any
 
 import lancedb
 import numpy as np
+import pyarrow as pa
 from lancedb.streaming import StreamingDataset
 
 from lightning_stream.batching import Batch
 from lightning_stream.lance.columns import BatchMaker, ColumnTypes
-from lightning_stream.lance.pool import WORKER_MODULE, ReaderPool, WorkerDied, cut
-from lightning_stream.lance.reader import BudgetedReader, ReadCounters, TableOpener, take_rows
+from lightning_stream.lance.reader import IO_THREADS, ReadCounters, TableOpener
+from lightning_stream.lance.task import ReadJob, ReadTask, cut
 from lightning_stream.plan import RankEpochPlan
 from lightning_stream.storage import storage_error
-from lightning_stream.workers import worker_context
+from lightning_stream.workers.pool import WorkerDied, WorkerPool
+from lightning_stream.workers.slots import SLOTS
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +72,10 @@ class LanceSource:
     :class:`~lightning_stream.lance.reader.BudgetedReader` per reading process, which
     holds at most ``read_ahead_bytes`` (shared by the rank's workers) not yet handed out.
 
-    With several workers, the plan's head (the lagging rows after an elastic resume, then
-    whole cycles up to the first batch) is read in this process first; then worker ``k``
-    serves its block of splits (:class:`~lightning_stream.lance.pool.ReaderPool`).
+    With workers, each one reads its block of splits (a
+    :class:`~lightning_stream.lance.task.ReadTask` in a
+    :class:`~lightning_stream.workers.pool.WorkerPool`); with several, the plan's head
+    (the lagging rows after an elastic resume) is read in this process first.
     """
 
     def __init__(
@@ -90,7 +93,6 @@ class LanceSource:
         transform: Callable[[Batch], Batch] | None,
         read_ahead_bytes: int,
         num_workers: int,
-        multiprocessing_context: str,
         storage_options: dict[str, str] | None = None,
     ) -> None:
         self.uri = uri
@@ -103,10 +105,9 @@ class LanceSource:
         self.filter = filter
         self.transform = transform
         self.read_ahead_bytes = read_ahead_bytes
-        self.multiprocessing_context = multiprocessing_context
         self.read_counters = ReadCounters(1 + num_workers)
         self.storage_options = storage_options
-        self.pool: ReaderPool | None = None
+        self.pool: WorkerPool | None = None
         self._open(version)
 
     def _open(self, version: int | None) -> None:
@@ -179,11 +180,11 @@ class LanceSource:
             split_len=self.rows,
         )[0]
 
-    def reader(self, row_ids: np.ndarray, budget: int, reader: int = 0) -> BudgetedReader:
-        """A reader of ``row_ids`` in order, counted under ``reader``'s counters."""
-        return BudgetedReader(
-            take_rows(self.table, self.columns), row_ids, budget, self.read_counters, reader
-        )
+    def read_here(self, row_ids: np.ndarray, sizes: list[int]) -> Iterator[Any]:
+        """``row_ids`` read in this process, in order, as Arrow tables of ``sizes`` rows."""
+        task = ReadTask(self.opener, self.columns, self.read_ahead_bytes, IO_THREADS)
+        reader = task.reader_of(self.table, self.read_counters, 0)
+        return task.run(reader, ReadJob(row_ids, sizes, self.opener))
 
     def batch_maker(self) -> BatchMaker:
         return BatchMaker(self.types, self.transform)
@@ -191,24 +192,34 @@ class LanceSource:
     def counters(self) -> dict[str, float]:
         return self.read_counters.totals()
 
-    def chunks(self, epoch: int, consumed: list[int], plan: RankEpochPlan) -> Iterator[Batch]:
+    def chunks(
+        self,
+        epoch: int,
+        consumed: list[int],
+        plan: RankEpochPlan,
+        upcoming: tuple[int, RankEpochPlan] | None = None,
+    ) -> Iterator[Batch]:
         rows = self.split_rows(epoch)[plan.splits.start : plan.splits.stop]
         make = self.batch_maker()
         if plan.num_workers == 0:
             splits, positions = plan.reader_order(0)
-            reader = self.reader(rows[splits, positions], self.read_ahead_bytes)
-            for table in reader.batches(plan.sizes):
-                yield make(table)
+            yield from map(make, self.read_here(rows[splits, positions], plan.sizes))
             return
+        pool = self.start_workers(plan.num_workers)
         if plan.num_workers > 1:
             splits, positions = plan.head_order()
-            reader = self.reader(rows[splits, positions], self.read_ahead_bytes)
-            for table in reader.batches(cut(len(splits), plan.batch_size)):
+            for table in self.read_here(rows[splits, positions], cut(len(splits), plan.batch_size)):
+                pool.ready()  # a worker that failed to start says so now
                 yield make(table)
-        streams = [rows[plan.reader_order(worker)] for worker in range(plan.num_workers)]
-        pool = self.start_workers(plan.num_workers)
+        # without a transform the main process makes every batch from the Arrow rows
+        sent_make = make if self.transform is not None else None
+        jobs = []
+        for worker in range(plan.num_workers):
+            served = rows[plan.reader_order(worker)]
+            jobs.append(ReadJob(served, cut(len(served), plan.batch_size), self.opener, sent_make))
+        key = (self.version, epoch, plan)
         try:
-            yield from pool.batches(self, streams, plan.batch_size)
+            yield from pool.serve(key, jobs, lambda sent: _made(sent, make))
         except WorkerDied as exc:
             self.stop_workers()
             raise RuntimeError(
@@ -216,19 +227,35 @@ class LanceSource:
                 f" {self.name!r} ({exc}). Nothing after the last checkpoint is lost: resume"
                 " with trainer.fit(..., ckpt_path=<last checkpoint>)"
             ) from exc
+        finally:
+            for worker, counters in enumerate(pool.counters):
+                if counters is not None:
+                    self.read_counters.values[worker + 1] = counters
 
-    def start_workers(self, workers: int) -> ReaderPool:
-        """The rank's reading processes, started once and kept for every epoch."""
+    def start_workers(self, workers: int) -> WorkerPool:
+        """The rank's reading processes, started once and kept for every epoch.
+
+        Each worker's share of ``read_ahead_bytes`` goes three quarters to its reader and a
+        quarter to its shared-memory slots (resident only once a batch was written there).
+        """
         if self.pool is None or self.pool.workers != workers:
             self.stop_workers()
-            context = worker_context(self.multiprocessing_context, [WORKER_MODULE])
-            self.pool = ReaderPool(self, workers, self.read_ahead_bytes, context)
+            share = self.read_ahead_bytes // workers
+            slot_bytes = share // (4 * SLOTS)
+            task = ReadTask(self.opener, self.columns, share - SLOTS * slot_bytes, io_threads=1)
+            self.pool = WorkerPool(task, workers, slot_bytes, name="lance-reader")
         return self.pool
 
     def stop_workers(self) -> None:
         if self.pool is not None:
             pool, self.pool = self.pool, None
             pool.close()
+
+
+def _made(sent: Any, make: BatchMaker) -> Batch:
+    """A worker's payload as a batch: its Arrow rows converted here, or the batch its
+    ``transform`` made."""
+    return make(sent) if isinstance(sent, pa.Table) else sent
 
 
 def _split_rows(table: Any, *, split_len: int, **options: Any) -> np.ndarray:

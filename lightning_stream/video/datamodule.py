@@ -19,7 +19,9 @@ from lightning_stream.storage import (
     pyarrow_filesystem,
     storage_error,
 )
-from lightning_stream.video.source import VideoSource, VideoSpec
+from lightning_stream.video.reader import VideoSpec
+from lightning_stream.video.source import VideoSource
+from lightning_stream.workers.checks import check_sendable
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,12 @@ class VideoEpisodeDataModule(StreamingDataModule):
         num_splits: fixed splits of each epoch, balanced by frame count; keep it for the
             run. Must be divisible by ``world_size * max(1, num_workers)``.
         batch_size: samples per batch per process.
-        num_workers: DataLoader workers per rank; default 0.
+        num_workers: decoding worker processes per rank; default 0 (the main process
+            decodes). Started at ``setup`` without waiting for them, kept for every epoch
+            (each begins the next epoch as soon as it finishes one), stopped at
+            ``teardown``, and gone within moments of the training process if it dies, even
+            by ``SIGKILL``. The batches do not depend on who decodes them
+            (:mod:`lightning_stream.workers.pool`).
         shuffle_seed: seed of the episode order and each split's anchor order; default 0.
         episodes: episode indices to train on; default ``None`` (all). An empty list raises
             ``ValueError``.
@@ -71,13 +78,15 @@ class VideoEpisodeDataModule(StreamingDataModule):
             locally in time and cost fewer keyframe restarts. Default 1.0. Part of the
             run's identity (it changes the anchor order); too small to hold one window's
             frames per chunk raises ``ValueError`` at setup.
-        image_transforms: callable on each camera's images (of ``image_dtype``), in the
-            worker; must be picklable when ``num_workers > 0``. Default ``None``.
+        image_transforms: callable on each camera's window of images (a tensor of
+            ``image_dtype``), run in the worker; must be picklable when ``num_workers >
+            0``. Define it in a module rather than in the training script: workers import
+            the script only to find it there (slower to start; the script then needs an
+            ``if __name__ == "__main__":`` guard). Default ``None``.
         sidecar_dir: cache of the MP4 sidecar indexes; default
             ``~/.cache/lightning-stream/sidecars``.
         sidecar_lock_timeout: seconds to wait for another process building a sidecar;
             default 600.
-        multiprocessing_context: ``"forkserver"`` (default) or ``"spawn"``.
         tolerance_s: how far (seconds) a delta may be off the fps grid; default ``1e-4``,
             LeRobot's.
         image_dtype: ``"uint8"`` (default: 0-255, a quarter of float32's memory and of the
@@ -117,7 +126,6 @@ class VideoEpisodeDataModule(StreamingDataModule):
         image_transforms: Callable[[torch.Tensor], torch.Tensor] | None = None,
         sidecar_dir: str | None = None,
         sidecar_lock_timeout: float = 600.0,
-        multiprocessing_context: str = "forkserver",
         tolerance_s: float = 1e-4,
         image_dtype: str = "uint8",
         drop_n_last_frames: int = 0,
@@ -133,10 +141,6 @@ class VideoEpisodeDataModule(StreamingDataModule):
                             ("episode_pool_size", episode_pool_size)):  # fmt: skip
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if multiprocessing_context not in ("spawn", "forkserver"):
-            raise ValueError(
-                f"multiprocessing_context={multiprocessing_context!r}: use 'spawn' or 'forkserver'"
-            )
         if episodes is not None and not len(episodes):
             raise ValueError(
                 "episodes=[] selects no episode: pass the episode indices to train on, or"
@@ -175,15 +179,16 @@ class VideoEpisodeDataModule(StreamingDataModule):
         self.stats: dict[str, dict[str, torch.Tensor]] | None = None
         self.batch_size = batch_size
         self.num_workers = num_workers
-        self.multiprocessing_context = multiprocessing_context
 
     def setup(self, stage: str) -> None:
         if stage != "fit":
             return
         _, world_size = self._rank_and_world()
         check_topology(self.spec.num_splits, world_size, self.num_workers)
+        if self.num_workers:
+            check_sendable(self.spec.image_transforms, "image_transforms")
         try:
-            source = VideoSource(self.spec, self.multiprocessing_context)
+            source = VideoSource(self.spec)
         except OSError as exc:
             if not is_remote(self.root) or isinstance(exc, StorageError):
                 raise

@@ -21,17 +21,28 @@ GRID = 4  # 4 x 4 cells, one bit each: frame indices up to 65535
 CODECS = {
     "h264": ("libx264", {"bf": "3", "g": "30", "crf": "12", "preset": "veryfast"}),
     "av1": ("libsvtav1", {"g": "30", "preset": "8", "crf": "20"}),  # preset 12 flips bits
+    # a camera's stream as robots record it: x264's default quality, B-frames, a GOP of 1 s
+    "h264-camera": ("libx264", {"bf": "3", "g": "30", "crf": "23", "preset": "veryfast"}),
 }
 
 
-def frame_image(index: int) -> np.ndarray:
+def frame_image(index: int, texture: bool = False) -> np.ndarray:
+    """A frame whose cells spell ``index``; ``texture`` adds a moving pattern of +-40 grey
+    levels, so the encoder spends on each frame what a camera's picture costs it."""
     image = np.zeros((SIZE, SIZE, 3), np.uint8)
     cell = SIZE // GRID
     for bit in range(GRID * GRID):
         if index >> bit & 1:
             row, column = divmod(bit, GRID)
             image[row * cell : (row + 1) * cell, column * cell : (column + 1) * cell] = 255
+    if texture:
+        shifted = np.roll(_TEXTURE, (index % SIZE, 2 * index % SIZE), (0, 1))
+        image = np.where(image > 127, 215, 40).astype(np.int16) + shifted
+        image = np.clip(image, 0, 255).astype(np.uint8)
     return image
+
+
+_TEXTURE = np.random.default_rng(0).integers(-40, 41, (SIZE, SIZE, 3)).astype(np.int16)
 
 
 def frame_index(image: np.ndarray) -> int:
@@ -47,7 +58,14 @@ def frame_index(image: np.ndarray) -> int:
     return value
 
 
-def write_video(path: Path, codec: str, indices: range | list[int], fps: int = 30, faststart=False):
+def write_video(
+    path: Path,
+    codec: str,
+    indices: range | list[int],
+    fps: int = 30,
+    faststart: bool = False,
+    texture: bool = False,
+) -> Path:
     """Write frames showing ``indices`` (in order) as one MP4 stream."""
     encoder, options = CODECS[codec]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -57,7 +75,7 @@ def write_video(path: Path, codec: str, indices: range | list[int], fps: int = 3
     stream.pix_fmt = "yuv420p"
     stream.options = options
     for index in indices:
-        frame = av.VideoFrame.from_ndarray(frame_image(index), format="rgb24")
+        frame = av.VideoFrame.from_ndarray(frame_image(index, texture), format="rgb24")
         for packet in stream.encode(frame):
             container.mux(packet)
     for packet in stream.encode():
@@ -73,9 +91,10 @@ def write_dataset(
     codec: str = "h264",
     fps: int = 30,
     episodes_per_file: int = 4,
+    texture: bool = False,
 ) -> Path:
     """A LeRobot v3 dataset: episodes of ``lengths`` frames, ``cameras`` MP4 streams with
-    several episodes per file, and per-frame ``action`` (2 floats) and
+    several episodes per file (``texture``: see :func:`frame_image`), and per-frame ``action`` (2 floats) and
     ``observation.state`` (3 floats) whose first value is the frame's dataset index."""
     root = Path(root)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int)
@@ -87,8 +106,9 @@ def write_dataset(
         frames = [int(starts[e]) + f for e in members for f in range(lengths[e])]
         for camera in cameras:
             write_video(
-                root / f"videos/{camera}/chunk-000/file-{file_index:03d}.mp4", codec, frames, fps
-            )
+                root / f"videos/{camera}/chunk-000/file-{file_index:03d}.mp4",
+                codec, frames, fps, texture=texture,
+            )  # fmt: skip
         rows = {"index": [], "episode_index": [], "frame_index": [], "timestamp": [],
                 "task_index": [], "action": [], "observation.state": []}  # fmt: skip
         for e in members:

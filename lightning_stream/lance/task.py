@@ -1,0 +1,95 @@
+"""What a reader of a rank's table rows runs: in a worker process, or in the main process.
+
+A :class:`ReadTask` is the :class:`~lightning_stream.workers.pool.WorkerPool` task of
+:class:`~lightning_stream.lance.source.LanceSource`: each worker opens the table once and
+then reads, per epoch, the rows of its block of splits, in the plan's order, with a
+:class:`~lightning_stream.lance.reader.BudgetedReader`. Its payloads are the batches'
+Arrow rows, which the main process turns into tensors (the same conversion as without
+workers); with a ``transform`` the worker makes the batch and runs it.
+
+This module and :mod:`~lightning_stream.lance.reader` are what a worker imports (with
+lancedb, pyarrow and numpy; torch only to run a ``transform``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from lightning_stream.lance.reader import (
+    BudgetedReader,
+    ReadCounters,
+    TableOpener,
+    take_rows,
+)
+
+
+def cut(rows: int, batch_size: int) -> list[int]:
+    """Batch sizes of a reader's ``rows``: full batches, then the rest."""
+    full, rest = divmod(rows, batch_size)
+    return [batch_size] * full + ([rest] if rest else [])
+
+
+@dataclass(frozen=True)
+class ReadJob:
+    """One reader's rows of one epoch, in serving order, and the sizes to cut them into.
+
+    ``opener`` names the table version (a resume pins the one its checkpoint read);
+    ``make``, when set, turns the rows into the batch in the reader (a ``transform``).
+    """
+
+    rows: np.ndarray
+    sizes: list[int]
+    opener: TableOpener
+    make: Callable[[pa.Table], Any] | None = None
+
+
+@dataclass
+class _Reader:
+    opener: TableOpener
+    table: Any
+    counters: ReadCounters
+    row: int  # this reader's row of ``counters``
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    """Reads of one table's ``columns`` holding at most ``budget`` bytes, ``io_threads``
+    reads in flight."""
+
+    opener: TableOpener
+    columns: list[str] | None
+    budget: int
+    io_threads: int
+
+    def open(self, worker: int) -> _Reader:
+        return _Reader(self.opener, self.opener(), ReadCounters(1), 0)
+
+    def reader_of(self, table: Any, counters: ReadCounters, row: int) -> _Reader:
+        """A reader on a table this process already opened, counted under ``row``."""
+        return _Reader(self.opener, table, counters, row)
+
+    def run(self, state: _Reader, job: ReadJob) -> Iterator[Any]:
+        if job.opener != state.opener:  # a resume pins another version
+            state.opener, state.table = job.opener, job.opener()
+        reader = BudgetedReader(
+            take_rows(state.table, self.columns),
+            job.rows,
+            self.budget,
+            state.counters,
+            state.row,
+            self.io_threads,
+        )
+        tables = reader.batches(job.sizes)
+        try:
+            for table in tables:
+                yield table if job.make is None else job.make(table)
+        finally:
+            tables.close()
+
+    def counters(self, state: _Reader) -> list[int]:
+        return state.counters.values[state.row].tolist()

@@ -1,0 +1,246 @@
+"""EpisodeReader: what a reading process (the main process or a worker) knows of a LeRobot
+dataset, and the chunks of it that are resident.
+
+It holds the per-frame Parquet columns, the MP4 files' indexes (sidecars) and open
+files, each split's anchor order for the epoch (:mod:`lightning_stream.video.plan`), and
+the split's resident chunks (:mod:`lightning_stream.video.frames`): a chunk becomes
+resident at its first anchor and is dropped after its last. It imports neither torch
+nor Lightning, so a worker that runs it starts in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.fs as pafs
+
+from lightning_stream.video.decode import DamagedVideoError, frames_at
+from lightning_stream.video.frames import CameraFrames, ResidentChunk
+from lightning_stream.video.lerobot import ID_COLUMNS, open_dataset
+from lightning_stream.video.mp4 import VideoTrack
+from lightning_stream.video.plan import (
+    Piece,
+    anchor_order,
+    chunk_frames,
+    cut_chunks,
+    cut_splits,
+    frame_offsets,
+)
+from lightning_stream.video.sidecar import VideoFile, load_or_build
+
+
+@dataclass(frozen=True)
+class VideoSpec:
+    """Everything a reading process needs to build samples; picklable."""
+
+    root: str
+    episodes: tuple[int, ...] | None
+    delta_timestamps: dict[str, tuple[float, ...]]
+    num_splits: int
+    shuffle_seed: int
+    pool_size: int
+    byte_budget_gb: float
+    sidecar_dir: str
+    lock_timeout: float
+    image_transforms: Callable[[Any], Any] | None = None
+    tolerance_s: float = 1e-4
+    image_dtype: str = "uint8"
+    drop_n_last_frames: int = 0
+    on_decode_error: str = "raise"
+    # anchors per chunk, from the byte budget (VideoSource sets it at setup)
+    chunk_frames: int = 0
+    # holds credentials: out of repr (logs, errors); pickled only to the workers
+    filesystem: pafs.FileSystem | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class SplitOrder:
+    """A split's chunks in one epoch, the chunk and frame of each position, and the
+    position of each chunk's last anchor."""
+
+    chunks: list[Piece]
+    chunk_of: np.ndarray
+    frame_of: np.ndarray
+    last: np.ndarray
+
+
+class EpisodeReader:
+    """The dataset as one reading process sees it (see the module's docstring).
+
+    Args:
+        spec: the data module's settings.
+        decode_threads: FFmpeg threads per decode; default 1 (the frames of robot cameras
+            are small: threads cost more than they save, and several processes share the
+            cores).
+    """
+
+    def __init__(self, spec: VideoSpec, decode_threads: int = 1) -> None:
+        self.spec = spec
+        self.decode_threads = decode_threads
+        episodes = list(spec.episodes) if spec.episodes else None
+        self.dataset = open_dataset(spec.root, episodes, spec.filesystem)
+        self.fps = self.dataset.fps
+        columns = [k for k, v in self.dataset.features.items() if v.get("dtype") != "video"]
+        self.columns = [c for c in columns if c not in ID_COLUMNS]
+        table = self.dataset.frames(self.columns).sort_by("index")
+        self.table = {
+            name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names
+        }
+        for name in self.columns:
+            if self.table[name].dtype == object:
+                self.table[name] = np.stack(self.table[name]).astype(np.float32)
+        self.lengths = [e.length for e in self.dataset.episodes]
+        # frames that may be anchors: LeRobot's EpisodeAwareSampler(drop_n_last_frames)
+        self.anchor_lengths = [max(0, n - spec.drop_n_last_frames) for n in self.lengths]
+        self.row_start = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
+        self.offsets = {
+            key: frame_offsets(key, deltas, self.fps, spec.tolerance_s)
+            for key, deltas in spec.delta_timestamps.items()
+        }
+        self.tracks: dict[str, VideoTrack] = {}
+        self.files: dict[str, Any] = {}
+        self._epoch_plans: dict[int, tuple[list, dict[int, SplitOrder]]] = {}
+        self.resident: dict[tuple[int, int], ResidentChunk] = {}
+        self.bytes_loaded = 0
+        self.frames_decoded = 0  # packets decoded by chunks already dropped
+
+    # -- planning ------------------------------------------------------------------
+    def split_order(self, epoch: int, split: int) -> SplitOrder:
+        spec = self.spec
+        if epoch not in self._epoch_plans:
+            pieces = cut_splits(self.anchor_lengths, spec.num_splits, spec.shuffle_seed, epoch)
+            self._epoch_plans = {epoch: (pieces[0], {})}
+        pieces, orders = self._epoch_plans[epoch]
+        if split not in orders:
+            chunks = cut_chunks(pieces[split], spec.chunk_frames)
+            chunk, frame = anchor_order(chunks, spec.pool_size, spec.shuffle_seed, epoch, split)
+            last = np.zeros(len(chunks), dtype=np.int64)
+            last[chunk] = np.arange(len(chunk))  # later positions overwrite: the last one
+            orders[split] = SplitOrder(chunks, chunk, frame, last)
+        return orders[split]
+
+    def chunk_frames(self) -> int:
+        """Anchors per chunk such that ``num_splits * pool_size`` resident chunks (all a
+        rank can hold, at any world size) keep their decoded frames within the budget."""
+        cameras = []
+        for camera in self.dataset.cameras:
+            files = {e.videos[camera][0] for e in self.dataset.episodes}
+            tracks = [self.track(relative)[0] for relative in sorted(files)]
+            offsets = self.offsets.get(camera, np.zeros(1, dtype=np.int64))
+            frame = max(3 * t.height * t.width for t in tracks)  # uint8 RGB, as resident
+            cameras.append((frame, int(offsets.max() - offsets.min())))
+        spec = self.spec
+        budget = int(spec.byte_budget_gb * 2**30)
+        anchors = chunk_frames(budget, spec.num_splits * spec.pool_size, cameras)
+        if anchors < 1:
+            least = spec.num_splits * spec.pool_size * sum(f * (1 + s) for f, s in cameras)
+            least_gb = math.ceil(least / 2**30 * 1000) / 1000
+            raise ValueError(
+                f"byte_budget_gb={spec.byte_budget_gb:g} cannot hold one window's"
+                f" decoded frames per resident chunk: num_splits={spec.num_splits} x"
+                f" episode_pool_size={spec.pool_size} chunks, each at least"
+                f" {least // (spec.num_splits * spec.pool_size)} bytes. Raise"
+                f" byte_budget_gb to at least {least_gb:g}, or lower num_splits or"
+                " episode_pool_size"
+            )
+        return anchors
+
+    # -- residency -----------------------------------------------------------------
+    def track(self, relative: str) -> tuple[VideoTrack, Any]:
+        """The sidecar index of a video file and its open handle."""
+        if relative not in self.tracks:
+            video = VideoFile(self.dataset.fs, self.dataset.path(relative))
+            track, _ = load_or_build(
+                video, Path(self.spec.sidecar_dir), self.spec.root, self.spec.lock_timeout
+            )
+            self.tracks[relative] = track
+            self.files[relative] = self.dataset.fs.open_input_file(video.path)
+        return self.tracks[relative], self.files[relative]
+
+    def chunk(self, epoch: int, split: int, position: int) -> tuple[int, int, ResidentChunk]:
+        """Episode slot and frame of the anchor at ``position``, and its resident chunk
+        (made resident here at its first anchor)."""
+        order = self.split_order(epoch, split)
+        slot = int(order.chunk_of[position])
+        piece = order.chunks[slot]
+        key = (split, slot)
+        if key not in self.resident:
+            self.resident[key] = self._make_resident(piece, int(order.last[slot]))
+        return piece.episode, int(order.frame_of[position]), self.resident[key]
+
+    def release(self, split: int, position: int, epoch: int) -> None:
+        """Drop the chunk of ``position`` if that was its last anchor."""
+        order = self.split_order(epoch, split)
+        key = (split, int(order.chunk_of[position]))
+        chunk = self.resident.get(key)
+        if chunk is not None and position >= chunk.last:
+            del self.resident[key]
+            self.frames_decoded += sum(c.packets_decoded for c in chunk.cameras.values())
+
+    def clear(self) -> None:
+        """Drop every resident chunk (a pass stopped early leaves some)."""
+        for chunk in self.resident.values():
+            self.frames_decoded += sum(c.packets_decoded for c in chunk.cameras.values())
+        self.resident.clear()
+
+    def _make_resident(self, piece: Piece, last: int) -> ResidentChunk:
+        """A chunk's packets, read (one range per camera), none decoded yet."""
+        episode = self.dataset.episodes[piece.episode]
+        chunk = ResidentChunk(last)
+        for camera in self.dataset.cameras:
+            offsets = self.offsets.get(camera, np.zeros(1, dtype=np.int64))
+            first = max(0, piece.start + int(offsets.min()))
+            stop = min(episode.length, piece.stop + int(offsets.max()))
+            relative, from_timestamp = episode.videos[camera]
+            track, handle = self.track(relative)
+            name = self.dataset.path(relative)
+            seconds = from_timestamp + np.arange(first, stop) / self.fps
+            wanted = frames_at(track, seconds, name, 0.5 / self.fps)
+
+            def read_at(offset: int, size: int, handle=handle) -> bytes:
+                self.bytes_loaded += size
+                return handle.read_at(size, offset)
+
+            chunk.cameras[camera] = CameraFrames(read_at, track, wanted, name, self.decode_threads)
+            chunk.first[camera] = first
+        return chunk
+
+    def window(self, episode_slot: int, camera: str, frames: np.ndarray, chunk: ResidentChunk):
+        """``[T, H, W, 3]`` frames of one camera's window; damage raises
+        :class:`DamagedVideoError` naming the episode, the camera and the frame's time."""
+        try:
+            return chunk.window(camera, frames)
+        except DamagedVideoError as exc:
+            relative = self.dataset.episodes[episode_slot].videos[camera][0]
+            damaged, at = self._episode_at(relative, camera, exc.seconds)
+            raise DamagedVideoError(
+                f"damaged video: episode {damaged}, camera {camera!r}, frame"
+                f" {round(at * self.fps)} at {at:.3f} s of the episode ({exc.seconds:.3f} s"
+                f" in the file): {exc}. Re-encode the file, leave the episode out"
+                " (episodes=[...]), or pass on_decode_error='skip'"
+            ) from exc
+
+    def _episode_at(self, relative: str, camera: str, seconds: float) -> tuple[int, float]:
+        """The episode of ``relative`` shown at ``seconds`` in the file, and its own time."""
+        stored = [e for e in self.dataset.episodes if e.videos[camera][0] == relative]
+        starts = [e.videos[camera][1] for e in stored]
+        owner = stored[max(0, int(np.searchsorted(starts, seconds, side="right")) - 1)]
+        return owner.index, seconds - owner.videos[camera][1]
+
+    def counters(self) -> dict[str, float]:
+        """Payload read, packets decoded, and what the resident chunks hold now: decoded
+        frames (``resident_bytes``, what the byte budget bounds) and the compressed
+        payload they are decoded from (``reserved_bytes``)."""
+        chunks = self.resident.values()
+        live = sum(c.packets_decoded for chunk in chunks for c in chunk.cameras.values())
+        return {
+            "bytes_loaded": self.bytes_loaded,
+            "frames_decoded": self.frames_decoded + live,
+            "resident_bytes": sum(chunk.decoded_bytes for chunk in chunks),
+            "reserved_bytes": sum(chunk.payload_bytes for chunk in chunks),
+        }
