@@ -122,7 +122,7 @@ def run_script(tmp_path: Path, video_root: Path, options: str) -> subprocess.Com
             sidecars=str(video_root / "sidecars"),
             transform="",
             options=options,
-        )  # fmt: skip
+        )
     )
     command = [sys.executable, str(script)]
     return subprocess.run(command, capture_output=True, text=True, timeout=120, env=ENV)

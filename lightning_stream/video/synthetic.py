@@ -94,8 +94,9 @@ def write_dataset(
     texture: bool = False,
 ) -> Path:
     """A LeRobot v3 dataset: episodes of ``lengths`` frames, ``cameras`` MP4 streams with
-    several episodes per file (``texture``: see :func:`frame_image`), and per-frame ``action`` (2 floats) and
-    ``observation.state`` (3 floats) whose first value is the frame's dataset index."""
+    several episodes per file (``texture``: see :func:`frame_image`), and per-frame
+    ``action`` (2 floats) and ``observation.state`` (3 floats) whose first value is the
+    frame's dataset index."""
     root = Path(root)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int)
     files = [list(range(i, min(i + episodes_per_file, len(lengths))))

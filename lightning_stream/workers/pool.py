@@ -20,6 +20,7 @@ starts on it as soon as it finishes the current one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -216,7 +217,7 @@ class WorkerPool:
             for worker in range(self.workers):
                 if ended[worker]:
                     continue
-                kind, sent_job, _, *rest = message = self._take(worker, job_id)
+                kind, _, _, *rest = message = self._take(worker, job_id)
                 if kind == "end":
                     ended[worker] = True
                     continue
@@ -277,10 +278,8 @@ def _close(lifeline, supervisor, jobs, results, status, arena, pids) -> None:
     deadline = time.monotonic() + CLOSE_TIMEOUT_S
     for worker, connection in enumerate(results):
         if not _drain_until_closed(connection, deadline) and pids[worker] is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pids[worker], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         connection.close()
     status.close()
     arena.close()

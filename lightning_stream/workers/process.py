@@ -114,10 +114,8 @@ def _work(worker: int, config: dict[str, Any]) -> int:
         _send_error(results, ("start-error", -1, -1), exc)
         return 1
     post(results, ("ready", os.getpid()))
-    try:
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the trainer is gone
         _Server(worker, task, state, jobs, results, arena).loop()
-    except (BrokenPipeError, ConnectionResetError):
-        pass  # the main process closed the pool or is gone
     return 0
 
 
