@@ -15,29 +15,28 @@ Reported: windows/s of each and their ratio, decoded frames per delivered frame,
 read per epoch over the dataset's total video bytes, and the module's peak RSS (process
 tree) next to its byte budget.
 
-    python benchmarks/bench_video.py --workers
+    python benchmarks/bench_video.py --workers [--worker-counts 0,2,4] [--step-ms 20]
 
-``--workers`` runs the module at 0 and at 2 workers, each in a fresh process, alternating,
-``--rounds`` times: ``setup`` then three epochs. Reported per configuration (the best
-round): the time from the start of ``setup`` to the first batch, then per epoch the time
-to its first batch and windows/s over the epoch after its first batch; then 2 workers /
-0 workers over the epochs after the first (the workers persist: started once the first
-batch is out, they serve every epoch), and the median over rounds of the time from
-``setup`` to the first batch.
+``--workers`` uses a LeRobot-shaped dataset (24 episodes of 150-280 frames, two 96x96
+cameras with camera-like texture, x264 with B-frames, GOP 30) and LeRobot-style windows:
+the front camera at -2/30, -1/30 and 0 s, the wrist camera at 0 s and 8 future actions;
+``num_splits=24``, batch 16. Each worker count runs in a fresh process, the counts
+interleaved, ``--rounds`` times (default 3): ``setup`` then ``--epochs`` epochs (default 3),
+each batch followed by a training step of ``--step-ms`` (default none). Reported per count:
+``setup``, then per epoch the time to its first batch, the epoch's wall time and its
+windows/s (all of the epoch, its first batch included); then per epoch each count's
+windows/s over the first count's, paired by round, and for epoch 0 the difference of
+``setup`` plus the epoch's wall time. Every figure is a median over rounds, with its range.
 
     python benchmarks/bench_video.py --memory
 
-``--memory`` bounds memory by the byte budget on a larger dataset (24 episodes of 150-280
-frames, about 290 MB of decoded frames): ``num_splits=24``, windows of the front camera at
--2/30, -1/30 and 0 s, the wrist camera at 0 s and 8 future actions, ``byte_budget_gb=0.05``,
-at 0 and at 2 workers, each in a fresh process. Per configuration: the process tree's RSS
-after ``setup`` and the workers' start-up (the baseline: ``wait_for_workers`` starts them
-before the epoch), its peak over one epoch above that, next to ``1.5 x budget + 60 MB``
-and to the largest ``loader/resident_bytes`` (decoded frames held, summed over the
-workers); the epoch's exactness (every anchor once) and decoded frames per delivered
-frame. A third run leaves the workers to start once the first batch is out (the default):
-the main process serves their batches until they are ready, and its own RSS above its RSS
-after ``setup`` is reported.
+``--memory`` bounds memory by the byte budget on the same LeRobot-shaped dataset (about
+290 MB of decoded frames) and windows, with ``byte_budget_gb=0.05``, at 0 and at 2 workers,
+each in a fresh process. Per configuration: the process tree's RSS after ``setup`` and
+after the workers have started (the baseline), its peak over one epoch above that, next
+to ``1.5 x budget + 60 MB`` and to the largest ``loader/resident_bytes`` (decoded frames
+held, summed over the workers); the epoch's exactness (every anchor once) and decoded
+frames per delivered frame.
 
     python benchmarks/bench_video.py --s3
 
@@ -64,7 +63,7 @@ from pathlib import Path
 import av
 import numpy as np
 import pyarrow.parquet as pq
-from measure import PeakRss, process_rss_mb, tree_rss_mb
+from measure import PeakRss, tree_rss_mb
 
 FRONT, WRIST = "observation.images.front", "observation.images.wrist"
 DELTAS = {FRONT: [-0.1, 0.0]}
@@ -214,105 +213,127 @@ def compare_s3(root: Path, rounds: int) -> None:
     print(f"bytes served by S3 per epoch / video bytes: {min(served) / video_bytes:.2f}")
 
 
-def workers_run(root: str, sidecars: str, workers: int) -> dict:
-    """setup, then three epochs, at ``workers`` workers (run in a fresh process)."""
-    from lightning_stream.video.datamodule import VideoEpisodeDataModule
-
-    dm = VideoEpisodeDataModule(
-        root, delta_timestamps=DELTAS, num_splits=24, batch_size=16, sidecar_dir=sidecars,
-        byte_budget_gb=BUDGET_GB, num_workers=workers,
-    )  # fmt: skip
-    start = time.perf_counter()
-    dm.setup("fit")
-    epochs = []
-    for _ in range(3):
-        stamps = [(time.perf_counter(), len(batch["index"])) for batch in dm.train_dataloader()]
-        after = sum(n for _, n in stamps[1:]) / (stamps[-1][0] - stamps[0][0])
-        epochs.append({"first_batch_s": stamps[0][0] - start, "windows_per_s": after})
-        if len(epochs) == 1:
-            epochs[0]["from_setup_s"] = epochs[0]["first_batch_s"]
-        start = time.perf_counter()
-    dm.teardown("fit")
-    return {"epochs": epochs}
-
-
-def compare_workers(root: Path, rounds: int) -> None:
-    """0 and 2 workers, each in a fresh process, alternating."""
-    from lightning_stream.video.datamodule import VideoEpisodeDataModule
-
-    sidecars = root.parent / "sidecars"
-    VideoEpisodeDataModule(
-        str(root), delta_timestamps=DELTAS, num_splits=24, batch_size=16, sidecar_dir=str(sidecars)
-    ).setup("fit")  # builds the sidecars, not timed
-    best: dict[int, dict] = {}
-    firsts: dict[int, list[float]] = {0: [], 2: []}  # setup to the first batch, every round
-    for _ in range(rounds):
-        for workers in (0, 2):
-            command = [sys.executable, __file__, "--one", str(workers), str(root), str(sidecars)]
-            output = subprocess.run(command, capture_output=True, text=True, check=False)
-            line = next((x for x in output.stdout.splitlines() if x.startswith("RESULT ")), None)
-            if line is None:
-                raise RuntimeError(f"{workers} workers failed:\n{output.stderr[-4000:]}")
-            result = json.loads(line.removeprefix("RESULT "))
-            firsts[workers].append(result["epochs"][0]["from_setup_s"])
-            rate = statistics.mean(e["windows_per_s"] for e in result["epochs"][1:])
-            if workers not in best or rate > best[workers]["rate"]:
-                best[workers] = {**result, "rate": rate}
-    for workers, result in best.items():
-        epochs = result["epochs"]
-        print(f"{workers} workers: setup to 1st batch {epochs[0]['from_setup_s']:.2f} s")
-        for number, epoch in enumerate(epochs):
-            print(f"  epoch {number}: 1st batch after {epoch['first_batch_s']:.2f} s,"
-                  f" {epoch['windows_per_s']:.0f} windows/s after it")  # fmt: skip
-    later = [statistics.mean(best[w]["epochs"][e]["first_batch_s"] for e in (1, 2)) for w in (0, 2)]
-    print(f"windows/s after the first epoch, 2 workers / 0 workers:"
-          f" {best[2]['rate'] / best[0]['rate']:.2f}")  # fmt: skip
-    first = {w: statistics.median(times) for w, times in firsts.items()}
-    print(f"first batch of epochs 1-2, 2 workers / 0 workers: {later[1] / later[0]:.2f};"
-          f" of epoch 0 (from setup, median of {rounds} rounds): {first[2]:.2f} s"
-          f" / {first[0]:.2f} s = {first[2] / first[0]:.2f}")  # fmt: skip
-
-
-MEMORY_BUDGET_GB = 0.05
-MEMORY_DELTAS = {
+LEROBOT_DELTAS = {
     FRONT: [-2 / 30, -1 / 30, 0.0],
     WRIST: [0.0],
     "action": [i / 30 for i in range(8)],
 }
 
 
-def memory_run(root: str, sidecars: str, workers: int, wait: bool) -> dict:
-    """One epoch under ``MEMORY_BUDGET_GB`` at ``workers`` workers (in a fresh process);
-    ``wait``: for the workers to start before the epoch (else they start once its first
-    batch is out, and the main process serves their batches until they are ready)."""
+def workers_run(root: str, sidecars: str, workers: int, epochs: int, step_ms: float) -> dict:
+    """``setup``, then ``epochs`` epochs at ``workers`` workers (run in a fresh process),
+    with a training step of ``step_ms`` per batch (0: none)."""
     from lightning_stream.video.datamodule import VideoEpisodeDataModule
 
     dm = VideoEpisodeDataModule(
-        root, delta_timestamps=MEMORY_DELTAS, num_splits=24, batch_size=16,
+        root, delta_timestamps=LEROBOT_DELTAS, num_splits=24, batch_size=16,
+        sidecar_dir=sidecars, num_workers=workers,
+    )  # fmt: skip
+    start = time.perf_counter()
+    dm.setup("fit")
+    setup_s = time.perf_counter() - start
+    results = []
+    for _ in range(epochs):
+        start, first, windows = time.perf_counter(), None, 0
+        for batch in dm.train_dataloader():
+            first = time.perf_counter() - start if first is None else first
+            windows += len(batch["index"])
+            if step_ms:
+                time.sleep(step_ms / 1000)
+        elapsed = time.perf_counter() - start
+        results.append({"first_batch_s": first, "epoch_s": elapsed, "windows": windows})
+    dm.teardown("fit")
+    return {"setup_s": setup_s, "epochs": results}
+
+
+def _spread(values: list[float], digits: int = 2) -> str:
+    """A median with its range, for a line of the report."""
+    low, high = min(values), max(values)
+    return f"{statistics.median(values):.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
+
+
+def compare_workers(root: Path, rounds: int, counts: list[int], epochs: int, step_ms: float):
+    """Each worker count in a fresh process, interleaved, ``rounds`` times."""
+    from lightning_stream.video.datamodule import VideoEpisodeDataModule
+
+    sidecars = root.parent / "sidecars"
+    VideoEpisodeDataModule(
+        str(root),
+        delta_timestamps=LEROBOT_DELTAS,
+        num_splits=24,
+        batch_size=16,
+        sidecar_dir=str(sidecars),
+    ).setup("fit")  # builds the sidecars, not timed
+    runs: dict[int, list[dict]] = {count: [] for count in counts}
+    for _ in range(rounds):
+        for count in counts:
+            command = [sys.executable, __file__, "--one", str(count), str(root), str(sidecars),
+                       str(epochs), str(step_ms)]  # fmt: skip
+            output = subprocess.run(command, capture_output=True, text=True, check=False)
+            line = next((x for x in output.stdout.splitlines() if x.startswith("RESULT ")), None)
+            if line is None:
+                raise RuntimeError(f"{count} workers failed:\n{output.stderr[-4000:]}")
+            runs[count].append(json.loads(line.removeprefix("RESULT ")))
+    frames = sum(pq.read_metadata(p).num_rows for p in sorted((root / "data").rglob("*.parquet")))
+    print(f"dataset: 24 episodes, {frames} frames, 2 cameras of 96x96 (h264, B-frames, GOP 30);"
+          f" batch 16, num_splits 24; step {step_ms:g} ms;"
+          f" medians of {rounds} rounds (range)")  # fmt: skip
+    for count in counts:
+        print(f"{count} workers: setup {_spread([r['setup_s'] for r in runs[count]])} s")
+        for epoch in range(epochs):
+            done = [r["epochs"][epoch] for r in runs[count]]
+            rates = [e["windows"] / e["epoch_s"] for e in done]
+            print(f"  epoch {epoch}: first batch {_spread([e['first_batch_s'] for e in done])} s,"
+                  f" epoch {_spread([e['epoch_s'] for e in done])} s,"
+                  f" {_spread(rates, 0)} windows/s")  # fmt: skip
+    base = counts[0]
+    for count in counts[1:]:
+        for epoch in range(epochs):
+            pairs = list(zip(runs[count], runs[base], strict=True))
+            # the same windows in each epoch: the ratio of windows/s is that of times
+            ratio = [b["epochs"][epoch]["epoch_s"] / a["epochs"][epoch]["epoch_s"]
+                     for a, b in pairs]  # fmt: skip
+            extra = [a["setup_s"] + a["epochs"][0]["epoch_s"] - b["setup_s"]
+                     - b["epochs"][0]["epoch_s"] for a, b in pairs]  # fmt: skip
+            note = f"; setup + epoch 0, {count} - {base}: {_spread(extra)} s" if epoch == 0 else ""
+            print(f"epoch {epoch} windows/s, {count} workers / {base}: {_spread(ratio)}{note}")
+
+
+MEMORY_BUDGET_GB = 0.05
+
+
+def memory_run(root: str, sidecars: str, workers: int) -> dict:
+    """One epoch under ``MEMORY_BUDGET_GB`` at ``workers`` workers (in a fresh process),
+    the workers started before it."""
+    from lightning_stream.video.datamodule import VideoEpisodeDataModule
+
+    dm = VideoEpisodeDataModule(
+        root, delta_timestamps=LEROBOT_DELTAS, num_splits=24, batch_size=16,
         sidecar_dir=sidecars, byte_budget_gb=MEMORY_BUDGET_GB, num_workers=workers,
     )  # fmt: skip
     dm.setup("fit")
-    after_setup, main_after_setup = tree_rss_mb(), process_rss_mb()
+    after_setup = tree_rss_mb()
     source = dm.stream.source
-    if wait and not source.wait_for_workers(120):
-        raise RuntimeError("the workers did not start within 120 s")
+    if workers:
+        pool = source.start_workers(workers, dm.batch_size)
+        deadline = time.monotonic() + 120
+        while not pool.ready():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the workers did not start within 120 s")
+            time.sleep(0.01)
     baseline = tree_rss_mb()
     anchors: collections.Counter = collections.Counter()
-    curve, held, main = [], [], []
+    curve, held = [], []
     with PeakRss() as rss:
         for batch in dm.train_dataloader():
             anchors.update(batch["index"].tolist())
             curve.append(tree_rss_mb())
-            main.append(process_rss_mb())
             held.append(dm.stream.counters()["resident_bytes"])
     counters = dm.stream.counters()
     dm.teardown("fit")
     expected = source.split_len * source.num_splits
     return {
         "after_setup": after_setup, "baseline": baseline, "peak": rss.peak,
-        "main_above_setup": max(main) - main_after_setup,
-        "main_end_above_setup": main[-1] - main_after_setup,
-        "main_frames_decoded": source.reader.frames_decoded,
         "curve": [curve[int(q * (len(curve) - 1))] for q in (0.1, 0.5, 0.9)],
         "resident_peak_mb": max(held) / 2**20,
         "exact": len(anchors) == expected and set(anchors.values()) == {1},
@@ -329,21 +350,14 @@ def compare_memory(root: Path) -> None:
           f" {frames * 2 * 3 * 96 * 96 / 2**20:.0f} MB of decoded frames;"
           f" byte budget {budget_mb:.1f} MB, bound 1.5 x budget + 60 MB ="
           f" {1.5 * budget_mb + 60:.0f} MB")  # fmt: skip
-    for workers, wait in ((0, True), (2, True), (2, False)):
+    for workers in (0, 2):
         command = [sys.executable, __file__, "--memory-one", str(workers), str(root),
-                   str(sidecars), "wait" if wait else "handoff"]  # fmt: skip
+                   str(sidecars)]  # fmt: skip
         output = subprocess.run(command, capture_output=True, text=True, check=False)
         line = next((x for x in output.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
             raise RuntimeError(f"{workers} workers failed:\n{output.stderr[-4000:]}")
         r = json.loads(line.removeprefix("RESULT "))
-        if not wait:
-            print(f"{workers} workers started by the first batch: the main process decoded"
-                  f" {r['main_frames_decoded']} frames for them, its RSS peaked"
-                  f" {r['main_above_setup']:.0f} MB above its RSS after setup and ended"
-                  f" {r['main_end_above_setup']:.0f} MB above it; resident_bytes at most"
-                  f" {r['resident_peak_mb']:.1f} MB; epoch exact: {r['exact']}")  # fmt: skip
-            continue
         above = r["peak"] - r["baseline"]
         print(f"{workers} workers: RSS after setup {r['after_setup']:.0f} MB, after the"
               f" workers' start-up {r['baseline']:.0f} MB; over the epoch 10/50/90%"
@@ -357,12 +371,13 @@ def compare_memory(root: Path) -> None:
 
 def main() -> None:
     if sys.argv[1:2] == ["--one"]:
-        workers, root, sidecars = sys.argv[2:5]
-        print("RESULT " + json.dumps(workers_run(root, sidecars, int(workers))))
+        workers, root, sidecars, epochs, step_ms = sys.argv[2:7]
+        result = workers_run(root, sidecars, int(workers), int(epochs), float(step_ms))
+        print("RESULT " + json.dumps(result))
         return
     if sys.argv[1:2] == ["--memory-one"]:
-        workers, root, sidecars, mode = sys.argv[2:6]
-        result = memory_run(root, sidecars, int(workers), mode == "wait")
+        workers, root, sidecars = sys.argv[2:5]
+        result = memory_run(root, sidecars, int(workers))
         print("RESULT " + json.dumps(result))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -370,22 +385,31 @@ def main() -> None:
     parser.add_argument("--naive-windows", type=int, default=400)
     parser.add_argument("--s3", action="store_true", help="local disk next to S3 (moto)")
     parser.add_argument("--workers", action="store_true", help="0 workers next to 2")
+    parser.add_argument(
+        "--worker-counts", default="0,2", help="--workers: the counts compared, first the base"
+    )
+    parser.add_argument("--epochs", type=int, default=3, help="--workers: epochs per process")
+    parser.add_argument("--step-ms", type=float, default=0.0, help="--workers: step per batch")
     parser.add_argument("--memory", action="store_true", help="memory under a small budget")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds (best kept)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     args = parser.parse_args()
     from lightning_stream.video.synthetic import write_dataset
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "dataset"
-        low, high = (150, 281) if args.memory else (40, 121)
+        lerobot = args.memory or args.workers
+        low, high = (150, 281) if lerobot else (40, 121)
         lengths = np.random.default_rng(0).integers(low, high, args.episodes).tolist()
-        write_dataset(root, lengths)
+        # a LeRobot-shaped dataset: camera-like texture and x264's B-frame settings
+        options = {"codec": "h264-camera", "texture": True} if lerobot else {}
+        write_dataset(root, lengths, **options)
         if args.memory:
             compare_memory(root)
         elif args.s3:
             compare_s3(root, args.rounds)
         elif args.workers:
-            compare_workers(root, args.rounds)
+            counts = [int(c) for c in args.worker_counts.split(",")]
+            compare_workers(root, args.rounds, counts, args.epochs, args.step_ms)
         else:
             run(root, args.naive_windows)
 

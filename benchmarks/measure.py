@@ -37,11 +37,6 @@ def tree_rss_mb() -> float:
     return sum(_field_kb(f"/proc/{pid}/status", "VmRSS:") for pid in _tree()) / 1024
 
 
-def process_rss_mb() -> float:
-    """Resident memory of this process alone."""
-    return _field_kb(f"/proc/{os.getpid()}/status", "VmRSS:") / 1024
-
-
 def tree_memory_mb() -> tuple[float, float]:
     """RSS and PSS of the process tree. RSS counts a shared page in every process that
     maps it (each worker's copy of torch's libraries, say); PSS splits it between them."""

@@ -22,7 +22,7 @@ Binary values become a numpy array because Lightning's device transfer leaves nu
 arrays alone but walks a list of ``bytes`` byte by byte (about 2 s per batch of 64 20 KB
 images); a device cannot hold ``bytes`` anyway, so decode them in ``transform``.
 
-Reading workers send the Arrow rows (in shared memory, :mod:`lightning_stream.lance.pool`)
+Reading workers send the Arrow rows (in shared memory, :mod:`lightning_stream.workers`)
 and the main process converts them, so every batch is made by the same code whoever read
 it.
 """

@@ -41,7 +41,7 @@ class ReadCounters:
 
     Row ``r`` belongs to reader ``r`` (0: the main process, ``k + 1``: worker ``k``). A
     worker keeps its own one-row counters and sends them with every batch
-    (:mod:`lightning_stream.lance.pool`), so the totals cover the workers too.
+    (:mod:`lightning_stream.workers`), so the totals cover the workers too.
     """
 
     FIELDS = ("resident_bytes", "bytes_loaded", "rows_read")

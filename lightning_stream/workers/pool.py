@@ -115,7 +115,7 @@ class WorkerPool:
         self.start_error: WorkerStartError | None = None
         self._next_id = 0
         self._current: int | None = None
-        self._current_done = True
+        self._ended = [True] * workers  # which workers sent the current job's end
         self._queued: tuple[Any, int] | None = None
         try:
             self.supervisor.stdin.write(pickle.dumps(config))
@@ -204,15 +204,15 @@ class WorkerPool:
         comes next, which the workers start as soon as they finish this one.
         """
         self.ready()  # raises a start error a worker already reported
-        if self._queued is not None and self._queued[0] == key and self._current_done:
+        if self._queued is not None and self._queued[0] == key and self._current_finished():
             job_id = self._queued[1]
         else:
             job_id = self._send("run", jobs)
         self._queued = None
         if after is not None:
             self._queued = (after[0], self._send("queue", after[1]))
-        self._current, self._current_done = job_id, False
-        ended = [False] * self.workers
+        self._current, self._ended = job_id, [False] * self.workers
+        ended = self._ended
         while not all(ended):
             for worker in range(self.workers):
                 if ended[worker]:
@@ -234,7 +234,27 @@ class WorkerPool:
                     post(self.jobs[worker], ("free", slot))
                 del message
                 yield result
-        self._current_done = True
+
+    def _current_finished(self) -> bool:
+        """Whether every batch of the current job was served: only its end messages are
+        left (a consumer that stops at its last batch never reads them). When batches are
+        left (an epoch stopped early), the queued job would wait behind them."""
+        for worker in range(self.workers):
+            if self._ended[worker]:
+                continue
+            pending = self._early[worker]
+            # the end follows the last batch at once; wait for it a moment, not for work
+            while self.results[worker].poll(0 if pending else 0.05):
+                message = self._receive(worker)
+                if message is None:
+                    continue
+                pending.append(message)
+                if message[1] == self._current:
+                    break
+            mine = [m for m in pending if m[1] == self._current]
+            if not mine or mine[0][0] != "end":
+                return False
+        return True
 
     def _take(self, worker: int, job_id: int) -> tuple:
         """The worker's next message of job ``job_id``, dropping (and freeing) those of
