@@ -231,7 +231,7 @@ class WorkerPool:
                     else:
                         result = finish(unpack(self.arena.slot(worker, slot)[:payload]))
                 finally:
-                    post(self.jobs[worker], ("free", slot))
+                    self._tell(worker, ("free", slot))
                 del message
                 yield result
 
@@ -268,18 +268,22 @@ class WorkerPool:
             if sent_job == job_id:
                 return message
             if kind == "batch":
-                post(self.jobs[worker], ("free", message[3]))
+                self._tell(worker, ("free", message[3]))
 
     def _send(self, kind: str, jobs: Sequence[Any]) -> int:
         job_id = self._next_id
         self._next_id += 1
         for worker, job in enumerate(jobs):
-            try:
-                post(self.jobs[worker], (kind, job_id, job))
-            except OSError as exc:
-                self.ready()  # a start error says why, if there was one
-                raise self._died(worker) from exc
+            self._tell(worker, (kind, job_id, job))
         return job_id
+
+    def _tell(self, worker: int, message: tuple) -> None:
+        """Send ``message`` to the worker; a dead worker's pipe is closed: say why."""
+        try:
+            post(self.jobs[worker], message)
+        except OSError as exc:
+            self.ready()  # a start error says why, if there was one
+            raise self._died(worker) from exc
 
     def close(self) -> None:
         """Stop the workers (at once: they hold nothing the main process needs)."""
