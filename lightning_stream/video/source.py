@@ -2,11 +2,13 @@
 
 The main process plans, checks the data's identity and turns batches into tensors; the
 windows are made by an :class:`~lightning_stream.video.reader.EpisodeReader`: this
-process's (``num_workers=0``, and the plan's head after an elastic resume when there are
-several workers) or each worker's, in a :class:`~lightning_stream.workers.pool.WorkerPool`
-(:class:`~lightning_stream.video.task.DecodeTask`). When an epoch starts, the workers
-are also given the epoch that probably comes next: they begin it as soon as they finish
-this one, so its first batches are ready before it is asked for.
+process's, on a thread of its own (``num_workers=0``,
+:class:`~lightning_stream.workers.inline.InlineReader`; the plan's head after an elastic
+resume, when there are several workers, in the main thread), or each worker's, in a
+:class:`~lightning_stream.workers.pool.WorkerPool`
+(:class:`~lightning_stream.video.task.DecodeTask`). When an epoch starts, the readers are
+also given the epoch that probably comes next: they begin it as soon as they finish this
+one, so its first batches are ready before it is asked for.
 """
 
 from __future__ import annotations
@@ -27,13 +29,8 @@ from lightning_stream.video.decode import DamagedVideoWarning
 from lightning_stream.video.lerobot import check_video_files
 from lightning_stream.video.reader import EpisodeReader, VideoSpec
 from lightning_stream.video.sidecar import fingerprint
-from lightning_stream.video.task import (
-    DecodeJob,
-    DecodeTask,
-    batches,
-    job_positions,
-    reader_positions,
-)
+from lightning_stream.video.task import DecodeJob, DecodeTask, batches, reader_positions
+from lightning_stream.workers.inline import InlineReader
 from lightning_stream.workers.pool import WorkerPool
 
 _STOPPED = ("bytes_loaded", "frames_decoded")
@@ -63,6 +60,7 @@ class VideoSource:
         self.dropped = total % spec.num_splits
         self.manifest = self._manifest()
         self.pool: WorkerPool | None = None
+        self.inline: InlineReader | None = None  # num_workers=0: the reader's thread
         self._pool_batch_size = 0
         self.stopped_counts = dict.fromkeys(_STOPPED, 0.0)  # of the workers of past pools
 
@@ -95,6 +93,9 @@ class VideoSource:
         return total
 
     def stop_workers(self) -> None:
+        if self.inline is not None:
+            inline, self.inline = self.inline, None
+            inline.close()
         if self.pool is None:
             return
         for counters in self.pool.counters:
@@ -149,11 +150,15 @@ class VideoSource:
         """This rank's windows of ``epoch`` in plan order; ``upcoming``: the epoch (and
         its plan) that probably follows, which the workers begin when this one ends."""
         workers = plan.num_workers
+        after = None
+        if upcoming is not None:
+            after = (upcoming, self._jobs(*upcoming))
         if workers == 0:
-            job = DecodeJob(epoch, plan, 0, 1, head=True)
-            yield from self._tensors(
-                batches(self.reader, epoch, job_positions(job), plan.batch_size)
-            )
+            if self.inline is None:
+                self.inline = InlineReader(DecodeTask(self.spec), self.reader)
+            served = self.inline.serve((epoch, plan), self._jobs(epoch, plan)[0], to_tensors,
+                                       after and (after[0], after[1][0]))  # fmt: skip
+            yield from self._tensors(served, converted=True)
             return
         pool = self.start_workers(workers, plan.batch_size)
         if workers > 1 and plan.head:
@@ -163,15 +168,13 @@ class VideoSource:
                 pool.ready()  # a worker that failed to start says so now
                 yield batch
             self.reader.clear()  # the workers finish the head's chunks
-        after = None
-        if upcoming is not None:
-            after = (upcoming, self._jobs(*upcoming))
         served = pool.serve((epoch, plan), self._jobs(epoch, plan), to_tensors, after)
         yield from self._tensors(served, converted=True)
 
     def _jobs(self, epoch: int, plan: RankEpochPlan) -> list[DecodeJob]:
-        head = plan.num_workers == 1  # several workers: the main process serves the head
-        return [DecodeJob(epoch, plan, w, plan.num_workers, head) for w in range(plan.num_workers)]
+        """Each reader's job; with several workers the main process serves the head."""
+        readers = max(1, plan.num_workers)
+        return [DecodeJob(epoch, plan, w, readers, readers == 1) for w in range(readers)]
 
     def _tensors(self, batches: Iterable[Any], converted: bool = False) -> Iterator[Batch]:
         """Batches as tensors, their skipped windows warned about and counted (here, in
@@ -185,7 +188,9 @@ class VideoSource:
 
     def counters(self) -> dict[str, float]:
         """The main process's reader's counters plus each worker's, as of its last batch."""
-        totals = self.reader.counters()
+        # the reader's own counters, unless its thread may be changing it now
+        inline = self.inline.counters[0] if self.inline is not None else None
+        totals = dict(inline) if inline is not None else self.reader.counters()
         for name, value in self.stopped_counts.items():
             totals[name] += value
         for counters in self.pool.counters if self.pool is not None else ():
