@@ -52,8 +52,9 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement in ``tree`` at any depth, except under ``if TYPE_CHECKING:``."""
+def _import_nodes(tree: ast.AST, in_functions: bool = True) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement in ``tree`` at any depth, except under ``if TYPE_CHECKING:``
+    and, unless ``in_functions``, in function bodies."""
     found: list[ast.Import | ast.ImportFrom] = []
     pending = [tree]
     while pending:
@@ -63,17 +64,26 @@ def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
         if isinstance(node, ast.If) and _is_type_checking(node):
             pending.extend(node.orelse)
             continue
+        if not in_functions and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
         pending.extend(ast.iter_child_nodes(node))
     return found
 
 
 def _imported(
-    name: str, path: Path, modules: dict[str, Path], root: str, lazy: dict[str, str]
+    name: str,
+    path: Path,
+    modules: dict[str, Path],
+    root: str,
+    lazy: dict[str, str],
+    in_functions: bool = True,
 ) -> set[str]:
-    """The modules of package ``root`` that its module ``name`` (at ``path``) imports."""
+    """The modules of package ``root`` that its module ``name`` (at ``path``) imports
+    (``in_functions``: in function bodies too)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     targets: set[str] = set()
-    for node in _import_nodes(ast.parse(path.read_text(), filename=str(path))):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in _import_nodes(tree, in_functions):
         if isinstance(node, ast.Import):
             targets.update(alias.name for alias in node.names)
             continue
@@ -128,6 +138,16 @@ def test_no_module_over_the_line_limit() -> None:
     lengths = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
     too_long = {name: n for name, n in lengths.items() if n > MAX_LINES}
     assert not too_long, f"modules over {MAX_LINES} lines: {too_long}"
+
+
+def test_package_inits_import_nothing_at_import_time() -> None:
+    # what lets the graph leave out the edge from a submodule to its package's __init__
+    modules = _modules()
+    lazy = _lazy_public_names(PACKAGE)
+    for name, path in modules.items():
+        if path.name == "__init__.py":
+            imported = _imported(name, path, modules, PACKAGE.name, lazy, in_functions=False)
+            assert not imported, f"{name} imports {sorted(imported)} when it is imported"
 
 
 def test_no_import_circle() -> None:
