@@ -37,6 +37,8 @@ LANCE_PANELS = {
 
 def plot_lance(figures: dict, path: Path) -> None:
     """``bench_lance.py --json`` (light run): one panel per reported figure."""
+    if figures.get("run") != "light":
+        raise ValueError(f"{path.name} is drawn from the light run, not --{figures.get('run')}")
     # a Figure of its own, not pyplot's: no display backend, nothing to close
     fig = Figure(figsize=(11, 7), layout="constrained")
     axes = fig.subplots(2, 2)
