@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 HERE = Path(__file__).resolve().parent
 # the light run's loader configurations, in the report's order
 LANCE_KINDS = ["raw-default", "raw-best", "module", "module-resumed", "module-clump", "fit"]
+LANCE_NOTES = {"module-resumed": "module-resumed\n(half an epoch)", "fit": "fit\n(no-op step)"}
 LANCE_PANELS = {
     "rows_per_s": "rows/s, whole epoch",
     "steady_rows_per_s": "rows/s after the first batch",
@@ -59,8 +60,9 @@ def plot_lance(figures: dict, path: Path) -> None:
                     rounds_y.append(round_[config][key])
             bars = ax.bar(xs, best, width, label=f"{workers} workers")
             ax.plot(rounds_x, rounds_y, ".", color="black", markersize=4)
-            ax.bar_label(bars, fmt="{:,.0f}" if max(best) >= 100 else "{:.2f}", fontsize=7)
-        ax.set_xticks(range(len(kinds)), kinds, rotation=20, fontsize=8)
+            ax.bar_label(bars, [_short(value) for value in best], fontsize=7)
+        names = [LANCE_NOTES.get(kind, kind) for kind in kinds]
+        ax.set_xticks(range(len(kinds)), names, fontsize=7)
         ax.set_title(title, fontsize=10)
         ax.margins(y=0.15)
     fig.legend(*axes.flat[0].get_legend_handles_labels(), loc="outside lower center", ncols=2)
@@ -70,6 +72,13 @@ def plot_lance(figures: dict, path: Path) -> None:
         fontsize=11,
     )
     fig.savefig(path, dpi=110)
+
+
+def _short(value: float) -> str:
+    """A bar's label, short enough not to run into its neighbour's."""
+    if value >= 10_000:
+        return f"{value / 1000:.0f}k"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.2f}"
 
 
 def plot_video_workers(figures: dict, path: Path) -> None:
