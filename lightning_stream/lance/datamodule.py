@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
-from functools import cached_property
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_stream.batching import Batch
 from lightning_stream.datamodule import StreamingDataModule
+from lightning_stream.lance.evaluation import EvaluationLoader
 from lightning_stream.lance.source import LanceSource
 from lightning_stream.plan import check_topology
 from lightning_stream.storage import check_options, is_remote
@@ -290,52 +289,21 @@ class LanceDataModule(StreamingDataModule):
             )
             return []
         rank, world_size = self._rank_and_world()
-        return _EvaluationLoader(self._val, rank, world_size, self.batch_size)
+        return EvaluationLoader(self._val, rank, world_size, self.batch_size)
 
-    def test_dataloader(self) -> _EvaluationLoader:
+    def test_dataloader(self) -> EvaluationLoader:
         """This rank's part of the test rows (``test_filter`` / ``test_table``)."""
         return self._evaluation_loader("test")
 
-    def predict_dataloader(self) -> _EvaluationLoader:
+    def predict_dataloader(self) -> EvaluationLoader:
         """This rank's part of the rows to predict (default: the training rows)."""
         return self._evaluation_loader("predict")
 
-    def _evaluation_loader(self, stage: str) -> _EvaluationLoader:
+    def _evaluation_loader(self, stage: str) -> EvaluationLoader:
         if stage not in self._evaluation:
             self._evaluation[stage] = self._evaluation_source(stage)
         rank, world_size = self._rank_and_world()
-        return _EvaluationLoader(self._evaluation[stage], rank, world_size, self.batch_size)
-
-
-class _EvaluationLoader:
-    """Re-iterable validation, test or predict loader: the rows in storage order, each
-    rank its own part; ``len()`` is its number of batches.
-
-    The rows are cut into ``world_size`` contiguous parts (the first ones one row longer
-    when they do not divide), so every row is read once, none twice. They are read in
-    this process, with the reader's threads, whatever ``num_workers`` is.
-    """
-
-    def __init__(self, source: LanceSource, rank: int, world_size: int, batch_size: int) -> None:
-        self.source = source
-        self.rank = rank
-        self.world_size = world_size
-        self.batch_size = batch_size
-
-    @cached_property
-    def _rows(self) -> np.ndarray:
-        # one permutation build per loader, shared by len() and every pass
-        return np.array_split(self.source.storage_rows(), self.world_size)[self.rank]
-
-    def __len__(self) -> int:
-        return -(-len(self._rows) // self.batch_size)
-
-    def __iter__(self) -> Iterator[Batch]:
-        rows = self._rows
-        sizes = [self.batch_size] * (len(rows) // self.batch_size)
-        if len(rows) % self.batch_size:
-            sizes.append(len(rows) % self.batch_size)
-        return map(self.source.batch_maker(), self.source.read_here(rows, sizes))
+        return EvaluationLoader(self._evaluation[stage], rank, world_size, self.batch_size)
 
 
 def _check_positive(**values: int) -> None:
