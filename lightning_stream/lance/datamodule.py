@@ -32,8 +32,8 @@ class LanceDataModule(StreamingDataModule):
     ``training_step`` exactly once.
 
     A batch is a dict with one Python type per column, decided at setup from the schema
-    (see :mod:`lightning_stream.lance.columns` and the README's table): numeric and
-    fixed-size-list columns become tensors stacked along dim 0 (with a bool
+    (see :mod:`lightning_stream.lance.columns` and the documentation's column types):
+    numeric and fixed-size-list columns become tensors stacked along dim 0 (with a bool
     ``<name>_valid`` tensor when the column holds nulls), strings a list of ``str``,
     binary columns a numpy object array of ``bytes``.
 
@@ -59,7 +59,7 @@ class LanceDataModule(StreamingDataModule):
             resume must use the same seed.
         shuffle_clump_size: shuffle blocks of this many rows that stay together (read in
             storage order) instead of single rows; default ``None`` (rows). Faster reads,
-            less mixed batches: see the README's figures. A resume must use the same value.
+            less mixed batches. A resume must use the same value.
         columns: columns to read; default ``None`` reads all.
         filter: SQL predicate selecting the training rows; default ``None`` (all rows).
         transform: callable applied to each collated batch (a dict) in the worker; it
@@ -88,9 +88,10 @@ class LanceDataModule(StreamingDataModule):
             yet: reads in flight and rows read but not yet handed out as batches, summed
             over the rank's reading processes (the main process, or its workers, each
             with an equal share); default 256 MiB. Memory stays flat whatever the table's
-            size and however slow the training step is. Each reading process also always
-            allows one read of at least one row, and the DataLoader holds up to
-            ``prefetch_factor`` (2) batches per worker beyond it (README, "Memory").
+            size and however slow the training step is. A worker's share goes three
+            quarters to its reads and a quarter to the shared memory slots its batches
+            cross in. Each reading process also always allows one read of at least one
+            row beyond it.
         storage_options: object-store options for ``lancedb.connect`` (and every worker's
             reopen), e.g. ``{"aws_access_key_id": ..., "aws_secret_access_key": ...,
             "aws_region": ..., "aws_endpoint": ..., "allow_http": "true"}``; default
