@@ -33,19 +33,23 @@ Reported: rows/s over the whole epoch and after the first batch, time to the fir
 batch (from the loader's creation), peak RSS of the process tree (the process and its
 DataLoader workers, sampled every 20 ms), and for the shuffle the mean number of distinct
 1,000-row storage blocks in a batch (higher is better mixed).
+
+``--json PATH`` also writes the reported figures (and every round's, or every
+configuration's, results they come from) to ``PATH``; ``benchmarks/plots.py`` draws the
+documentation's plots from them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from measure import PeakRss
+from fresh import hand_back, run_fresh
+from measure import PeakRss, rates
 
 NUM_SPLITS = 32
 ROWS_PER_BLOCK = 1000
@@ -79,6 +83,12 @@ def tensor_rows(batch):
     return [{"vec": vec[i], "label": label[i], "id": ids[i]} for i in range(batch.num_rows)]
 
 
+def _module(uri: str, batch_size: int, **options):
+    from lightning_stream import LanceDataModule
+
+    return LanceDataModule(uri, "bench", num_splits=NUM_SPLITS, batch_size=batch_size, **options)
+
+
 def build_loader(kind: str, uri: str, workers: int, batch_size: int):
     if kind.startswith("raw"):
         import lancedb
@@ -93,14 +103,10 @@ def build_loader(kind: str, uri: str, workers: int, batch_size: int):
             num_workers=workers,
             multiprocessing_context="forkserver" if workers else None,
         )
-    from lightning_stream import LanceDataModule
     from lightning_stream.state import StreamState
 
     options = {"shuffle_clump_size": 1024} if kind == "module-clump" else {}
-    dm = LanceDataModule(
-        uri, "bench", num_splits=NUM_SPLITS, batch_size=batch_size, num_workers=workers,
-        **options,
-    )  # fmt: skip
+    dm = _module(uri, batch_size, num_workers=workers, **options)
     dm.setup("fit")
     if kind == "module-resumed":
         split_len = dm.stream.source.split_len
@@ -113,56 +119,29 @@ def measure_loader(kind: str, uri: str, workers: int, batch_size: int) -> dict:
     with PeakRss() as rss:
         start = time.perf_counter()
         loader = build_loader(kind, uri, workers, batch_size)
-        first = None
-        rows = first_rows = 0
-        blocks = []
+        stamps, blocks = [], []
         for batch in loader:
             ids = batch["id"]
-            rows += len(ids)
+            stamps.append((time.perf_counter(), len(ids)))
             blocks.append(len({int(i) // ROWS_PER_BLOCK for i in ids}))
-            if first is None:
-                first, first_rows = time.perf_counter(), rows
-        end = time.perf_counter()
+    speed = rates(start, stamps)
     return {
-        "rows_per_s": rows / (end - start),
-        "steady_rows_per_s": (rows - first_rows) / (end - first),
-        "first_batch_s": first - start,
+        "rows_per_s": speed["rows_per_s"],
+        "steady_rows_per_s": speed["after_first"],
+        "first_batch_s": stamps[0][0] - start,
         "peak_rss_mb": rss.peak,
         "blocks_per_batch": sum(blocks) / len(blocks),
-        "rows": rows,
+        "rows": sum(n for _, n in stamps),
     }
 
 
 def measure_fit(uri: str, batch_size: int) -> dict:
-    import lightning.pytorch as pl
-    import torch
+    from lightning_parts import NoOpModel, quiet_trainer
 
-    from lightning_stream import LanceDataModule
-
-    class NoOp(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.anchor = torch.nn.Parameter(torch.zeros(1))
-            self.rows, self.first, self.last = 0, None, None
-
-        def training_step(self, batch, batch_idx):
-            self.last = time.perf_counter()
-            if self.first is None:
-                self.first = self.last
-            else:
-                self.rows += len(batch["label"])
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    dm = LanceDataModule(uri, "bench", num_splits=NUM_SPLITS, batch_size=batch_size)
-    model = NoOp()
-    trainer = pl.Trainer(
-        accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
-    )  # fmt: skip
-    trainer.fit(model, datamodule=dm)
-    return {"steady_rows_per_s": model.rows / (model.last - model.first)}
+    model = NoOpModel()
+    quiet_trainer().fit(model, datamodule=_module(uri, batch_size))
+    (stamps,) = model.stamps
+    return {"steady_rows_per_s": rates(stamps[0][0], stamps)["after_first"]}
 
 
 S3_CONFIGS = {
@@ -174,12 +153,7 @@ S3_CONFIGS = {
 
 def epoch_rows_per_s(uri: str, batch_size: int, settings: dict, s3=None) -> tuple[float, int]:
     """rows/s of one epoch, and the bytes the S3 server sent for it (after setup)."""
-    from lightning_stream import LanceDataModule
-
-    dm = LanceDataModule(
-        uri, "bench", num_splits=NUM_SPLITS, batch_size=batch_size,
-        storage_options=s3.storage_options() if s3 else None, **settings,
-    )  # fmt: skip
+    dm = _module(uri, batch_size, storage_options=s3.storage_options() if s3 else None, **settings)
     dm.setup("fit")
     if s3:
         s3.bytes_served(reset=True)
@@ -189,7 +163,7 @@ def epoch_rows_per_s(uri: str, batch_size: int, settings: dict, s3=None) -> tupl
     return rows / elapsed, s3.bytes_served() if s3 else 0
 
 
-def compare_s3(rows: int, batch_size: int, rounds: int) -> None:
+def compare_s3(rows: int, batch_size: int, rounds: int) -> dict:
     """One epoch from local disk and from S3 (moto on 127.0.0.1), side by side."""
     import pyarrow.fs as pafs
 
@@ -209,6 +183,7 @@ def compare_s3(rows: int, batch_size: int, rounds: int) -> None:
         print(f"table: {rows} rows, {table_bytes} bytes on S3; batch {batch_size}, 0 workers")
         print(f"{'configuration':<26} {'local rows/s':>12} {'S3 rows/s':>10} {'S3/local':>8}"
               f" {'S3 bytes/table':>14}")  # fmt: skip
+        figures = {"rows": rows, "batch_size": batch_size, "table_bytes": table_bytes}
         for name, settings in S3_CONFIGS.items():
             local_rate = s3_rate = 0.0
             served = []
@@ -219,6 +194,13 @@ def compare_s3(rows: int, batch_size: int, rounds: int) -> None:
                 served.append(sent)
             print(f"{name:<26} {local_rate:>12.0f} {s3_rate:>10.0f} {s3_rate / local_rate:>8.2f}"
                   f" {min(served) / table_bytes:>14.2f}", flush=True)  # fmt: skip
+            figures[name] = {
+                "local_rows_per_s": local_rate,
+                "s3_rows_per_s": s3_rate,
+                "s3_over_local": s3_rate / local_rate,
+                "s3_bytes_over_table": min(served) / table_bytes,
+            }
+    return figures
 
 
 def run_one(config: str, uri: str, batch_size: int) -> None:
@@ -229,7 +211,7 @@ def run_one(config: str, uri: str, batch_size: int) -> None:
         result = measure_fit(uri, batch_size)
     else:
         result = measure_loader(kind, uri, int(workers), batch_size)
-    print("RESULT " + json.dumps(result))
+    hand_back(result)
 
 
 CONFIGS = [
@@ -251,6 +233,9 @@ def main() -> None:
     )
     parser.add_argument("--heavy-rows", type=int, default=50_000)
     parser.add_argument("--s3", action="store_true", help="local disk next to S3 (moto)")
+    parser.add_argument(
+        "--json", type=Path, metavar="PATH", help="also write the reported figures to PATH"
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--uri", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -262,34 +247,65 @@ def main() -> None:
         run_one(args.one, args.uri, args.batch_size)
         return
     if args.s3:
-        compare_s3(min(args.rows, 100_000), args.batch_size, args.rounds)
-        return
-    if args.heavy:
+        figures = {"run": "s3", **compare_s3(min(args.rows, 100_000), args.batch_size, args.rounds)}
+    elif args.heavy:
         import lance_heavy
 
         with tempfile.TemporaryDirectory() as tmp:
-            lance_heavy.main(args.heavy_rows, Path(tmp), args.rounds)
-        return
+            figures = {"run": "heavy", **lance_heavy.main(args.heavy_rows, Path(tmp), args.rounds)}
+    else:
+        figures = {"run": "light", **light(args.rows, args.batch_size, args.rounds)}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(figures, indent=1) + "\n")
+
+
+def light(rows: int, batch_size: int, rounds: int) -> dict:
+    """Every configuration in ``CONFIGS``, ``rounds`` times interleaved; prints the report
+    and returns its figures."""
+    runs: list[dict[str, dict]] = []
     best: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         uri = str(Path(tmp) / "db")
-        make_table(uri, args.rows)
-        for round_ in range(args.rounds):
+        make_table(uri, rows)
+        for round_ in range(rounds):
+            runs.append({})
             for config in CONFIGS:
-                command = [sys.executable, __file__, "--one", config, "--uri", uri]
-                command += ["--batch-size", str(args.batch_size)]
-                output = subprocess.run(command, capture_output=True, text=True, check=True)
-                line = next(x for x in output.stdout.splitlines() if x.startswith("RESULT "))
-                result = json.loads(line.removeprefix("RESULT "))
-                print(f"round {round_} {config:<18} {json.dumps(result)}", flush=True)
-                kept = best.setdefault(config, result)
+                arguments = [__file__, "--one", config, "--uri", uri]
+                arguments += ["--batch-size", str(batch_size)]
+                result = run_fresh(arguments, f"round {round_} {config:<18}")
+                runs[-1][config] = result
+                kept = best.setdefault(config, dict(result))
                 for key, value in result.items():
                     better = min if key in ("first_batch_s", "peak_rss_mb") else max
                     kept[key] = better(kept[key], value)
-    report(best)
+    figures = {"ratios": ratios(best)}
+    report(best, figures["ratios"])
+    return {"rows": rows, "batch_size": batch_size, "rounds": rounds, "runs": runs, "best": best,
+            **figures}  # fmt: skip
 
 
-def report(best: dict[str, dict]) -> None:
+def ratios(best: dict[str, dict]) -> dict:
+    """The report's ratios between the best figures of the configurations."""
+    found: dict = {}
+    for workers in (0, 2):
+        module, default = best[f"module:{workers}"], best[f"raw-default:{workers}"]
+        raw_best, resumed = best[f"raw-best:{workers}"], best[f"module-resumed:{workers}"]
+        found[f"{workers} workers"] = {
+            "module / raw-default rows/s": module["rows_per_s"] / default["rows_per_s"],
+            "module / raw-default RSS": module["peak_rss_mb"] / default["peak_rss_mb"],
+            "module / raw-best rows/s": module["rows_per_s"] / raw_best["rows_per_s"],
+            "first batch resumed / fresh": resumed["first_batch_s"] / module["first_batch_s"],
+        }
+    fit, loop, clump = best["fit:0"], best["module:0"], best["module-clump:0"]
+    found["fit / bare loop after the 1st batch"] = (
+        fit["steady_rows_per_s"] / loop["steady_rows_per_s"]
+    )
+    found["clump rows/s / default"] = clump["rows_per_s"] / loop["rows_per_s"]
+    return found
+
+
+def report(best: dict[str, dict], found: dict) -> None:
     print("\nbest of all rounds")
     header = f"{'config':<18} {'rows/s':>8} {'after 1st':>9} {'1st batch s':>11} {'RSS MB':>7}"
     print(header + f" {'blocks/batch':>12}")
@@ -302,26 +318,22 @@ def report(best: dict[str, dict]) -> None:
         )
     print("\nratios")
     for workers in (0, 2):
-        module, default = best[f"module:{workers}"], best[f"raw-default:{workers}"]
-        raw_best, resumed = best[f"raw-best:{workers}"], best[f"module-resumed:{workers}"]
+        r = found[f"{workers} workers"]
         print(
             f"num_workers={workers}: module / raw-default rows/s"
-            f" {module['rows_per_s'] / default['rows_per_s']:.2f},"
-            f" RSS {module['peak_rss_mb'] / default['peak_rss_mb']:.2f};"
-            f" module / raw-best rows/s {module['rows_per_s'] / raw_best['rows_per_s']:.2f};"
-            f" first batch resumed / fresh"
-            f" {resumed['first_batch_s'] / module['first_batch_s']:.2f}"
+            f" {r['module / raw-default rows/s']:.2f},"
+            f" RSS {r['module / raw-default RSS']:.2f};"
+            f" module / raw-best rows/s {r['module / raw-best rows/s']:.2f};"
+            f" first batch resumed / fresh {r['first batch resumed / fresh']:.2f}"
         )
-    fit, loop = best["fit:0"], best["module:0"]
     print(
         f"no-op Trainer.fit / bare loader loop (after the first batch):"
-        f" {fit['steady_rows_per_s'] / loop['steady_rows_per_s']:.2f}"
+        f" {found['fit / bare loop after the 1st batch']:.2f}"
     )
-    clump = best["module-clump:0"]
     print(
-        f"shuffle_clump_size=1024: rows/s {clump['rows_per_s'] / loop['rows_per_s']:.2f}x the"
-        f" default, {clump['blocks_per_batch']:.1f} distinct 1,000-row blocks per batch"
-        f" against {loop['blocks_per_batch']:.1f}"
+        f"shuffle_clump_size=1024: rows/s {found['clump rows/s / default']:.2f}x the default,"
+        f" {best['module-clump:0']['blocks_per_batch']:.1f} distinct 1,000-row blocks per"
+        f" batch against {best['module:0']['blocks_per_batch']:.1f}"
     )
 
 

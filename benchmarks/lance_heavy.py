@@ -37,17 +37,16 @@ is ratios of figures measured side by side in one run.
 
 from __future__ import annotations
 
-import itertools
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from measure import tree_memory_mb
+from fresh import hand_back, run_fresh
+from lance_heavy_report import SPEED, report, summary
+from measure import rates, tree_memory_mb
 
 NUM_SPLITS = 48
 BATCH = 64
@@ -62,21 +61,10 @@ def _module(uri: str, workers: int, **options):
     )
 
 
-def _trainer(**options):
-    import lightning.pytorch as pl
-
-    options = {"max_epochs": 1, **options}
-    return pl.Trainer(
-        accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, **options,
-    )  # fmt: skip
-
-
 def memory(uri: str, workers: int) -> dict:
     import threading
 
-    import lightning.pytorch as pl
-    import torch
+    from lightning_parts import NoOpModel, quiet_trainer
 
     dm = _module(uri, workers)
     samples: list[tuple[int, float, float, float]] = []  # step, rss, pss, resident_bytes
@@ -89,21 +77,14 @@ def memory(uri: str, workers: int) -> dict:
             samples.append((state["step"], rss, pss, counters.get("resident_bytes", 0.0)))
             time.sleep(0.1)
 
-    class Slow(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.anchor = torch.nn.Parameter(torch.zeros(1))
-
+    class Slow(NoOpModel):
         def training_step(self, batch, batch_idx):
             state["step"] = batch_idx + 1
             time.sleep(STEP_S)
 
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    trainer = _trainer()
+    trainer = quiet_trainer()
     trainer.fit(Slow(), datamodule=dm)
     state["done"] = True
     sampler.join()
@@ -165,7 +146,7 @@ def speed(uri: str, kind: str, workers: int) -> dict:
     for _ in range(2):
         cpu = _cpu_seconds(dm)
         stamps = [(time.perf_counter(), len(batch["id"])) for batch in loader()]
-        epochs.append(_rates(start, stamps))
+        epochs.append(rates(start, stamps))
         start = time.perf_counter()
     epochs[1]["cpu_s"] = (_cpu_seconds(dm) - cpu).tolist()
     return {"first": epochs[0], "second": epochs[1]}
@@ -175,40 +156,25 @@ def _cpu_seconds(dm) -> np.ndarray:
     """CPU seconds so far of this process and of ``dm``'s reading workers (Linux)."""
     main = sum(os.times()[:2])
     pool = dm.stream.source.pool if dm is not None else None
-    started = [process for process in pool.processes if process] if pool is not None else []
+    started = [pid for pid in pool.pids if pid] if pool is not None else []
     workers = 0.0
-    for process in started:
-        with open(f"/proc/{process.pid}/stat") as stat:
+    for pid in started:
+        with open(f"/proc/{pid}/stat") as stat:
             # utime and stime, after the command name (which may hold spaces)
             fields = stat.read().rsplit(")", 1)[1].split()
         workers += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return np.array([main, workers])
 
 
-def _rates(start: float, stamps: list[tuple[float, int]]) -> dict:
-    """Rows/s over the epoch, after its first batch and over its second half."""
-    times = [start] + [t for t, _ in stamps]
-    rows = [0, *itertools.accumulate(n for _, n in stamps)]
-
-    def rate(begin: int) -> float:
-        return (rows[-1] - rows[begin]) / (times[-1] - times[begin])
-
-    return {"rows_per_s": rate(0), "after_first": rate(1), "second_half": rate(len(stamps) // 2)}
-
-
 def binary_step(uri: str, with_jpeg: bool) -> dict:
-    import lightning.pytorch as pl
-    import torch
+    from lightning_parts import NoOpModel, quiet_trainer
 
     columns = ["id", "caption", "label", "rare", "tokens", "embedding"]
     dm = _module(uri, 0, columns=[*columns, "jpeg"] if with_jpeg else columns)
     times: list[float] = []
 
-    class NoOp(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.anchor = torch.nn.Parameter(torch.zeros(1))
-            self.last = None
+    class StepTimes(NoOpModel):
+        last = None
 
         def on_train_batch_start(self, batch, batch_idx):
             # the step's own time: from one batch to the next, less the loader's wait
@@ -217,47 +183,31 @@ def binary_step(uri: str, with_jpeg: bool) -> dict:
                 times.append(now - self.last - dm.stream.last_wait)
             self.last = now
 
-        def training_step(self, batch, batch_idx):
-            return None
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    _trainer(max_steps=200).fit(NoOp(), datamodule=dm)
+    quiet_trainer(max_steps=200).fit(StepTimes(), datamodule=dm)
     return {"median_step_ms": statistics.median(times) * 1000}
 
 
 def fit(uri: str, workers: int) -> dict:
     """Two epochs of ``Trainer.fit`` with a no-op ``training_step``: the rows/s that reach
     the step, the clock as in ``speed``."""
-    import lightning.pytorch as pl
-    import torch
+    from lightning_parts import NoOpModel, quiet_trainer
 
     import lightning_stream.lance.datamodule  # noqa: F401
 
-    epochs: list[list[tuple[float, int]]] = [[], []]
     cpu: list[np.ndarray] = []
 
-    class NoOp(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.anchor = torch.nn.Parameter(torch.zeros(1))
-
+    class CpuAtEpochEnd(NoOpModel):
         def on_train_epoch_end(self) -> None:
             cpu.append(_cpu_seconds(dm))
 
-        def training_step(self, batch, batch_idx):
-            epochs[self.current_epoch].append((time.perf_counter(), len(batch["id"])))
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
     start = time.perf_counter()
     dm = _module(uri, workers)
-    _trainer(max_epochs=2).fit(NoOp(), datamodule=dm)
-    second = _rates(epochs[0][-1][0], epochs[1])
+    model = CpuAtEpochEnd()
+    quiet_trainer(max_epochs=2).fit(model, datamodule=dm)
+    epochs = model.stamps
+    second = rates(epochs[0][-1][0], epochs[1])
     second["cpu_s"] = (cpu[1] - cpu[0]).tolist()
-    return {"first": _rates(start, epochs[0]), "second": second}
+    return {"first": rates(start, epochs[0]), "second": second}
 
 
 def run_one(config: str, uri: str) -> dict:
@@ -274,24 +224,10 @@ def run_one(config: str, uri: str) -> dict:
 
 
 ONCE = ["memory:0", "memory:2", "binary:jpeg", "binary:none"]
-# run --rounds times, interleaved; a ratio is taken within each round
-SPEED = [
-    "speed:module:0",
-    "speed:raw:0",
-    "speed:module:2",
-    "speed:raw:2",
-    "speed:module-warm:2",
-    "fit:0",
-    "fit:2",
-]
-SPANS = {
-    "whole epoch": "rows_per_s",
-    "after the 1st batch": "after_first",
-    "2nd half": "second_half",
-}
 
 
-def main(rows: int, workdir: Path, rounds: int) -> None:
+def main(rows: int, workdir: Path, rounds: int) -> dict:
+    """Runs every configuration, prints the report, and returns its figures."""
     from lightning_stream.lance.synthetic import make_heavy_table
 
     uri = str(workdir / "db")
@@ -301,97 +237,16 @@ def main(rows: int, workdir: Path, rounds: int) -> None:
     print(
         f"heavy table: {rows} rows, {size:.2f} GB on disk ({time.perf_counter() - started:.0f} s)"
     )
-    results = {config: _run(config, uri) for config in ONCE}
-    speeds = [{config: _run(config, uri) for config in SPEED} for _ in range(rounds)]
-    report(results, speeds)
 
+    def run(config: str) -> dict:
+        return run_fresh([__file__, config, uri], f"{config:<20}")
 
-def _run(config: str, uri: str) -> dict:
-    command = [sys.executable, __file__, config, uri]
-    output = subprocess.run(command, capture_output=True, text=True, check=False)
-    line = next((x for x in output.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if line is None:
-        raise RuntimeError(f"{config} failed:\n{output.stderr[-4000:]}")
-    result = json.loads(line.removeprefix("RESULT "))
-    print(f"{config:<20} {json.dumps(result)}", flush=True)
-    return result
-
-
-def report(results: dict, speeds: list[dict]) -> None:
-    print("\nmemory, one epoch with a 20 ms step (MB of the process tree, RSS / PSS)")
-    for workers in (0, 2):
-        r = results[f"memory:{workers}"]
-        base_rss, base_pss = r["first_batch"]
-        curve = "  ".join(f"{p} {r[p][0]:.0f}/{r[p][1]:.0f}" for p in ("p10", "p50", "p90"))
-        print(
-            f"  {workers} workers: after 1st batch {base_rss:.0f}/{base_pss:.0f}  {curve}"
-            f"  peak {r['peak'][0]:.0f}/{r['peak'][1]:.0f}"
-        )
-        print(
-            f"    peak above the 1st batch: RSS {(r['peak'][0] - base_rss) / 1024:.2f} GB,"
-            f" PSS {(r['peak'][1] - base_pss) / 1024:.2f} GB; 90% / 10%:"
-            f" RSS {r['p90'][0] / r['p10'][0]:.2f}, PSS {r['p90'][1] / r['p10'][1]:.2f};"
-            f" resident_bytes counter peak {r['resident_mb']:.0f} MB"
-        )
-    print(
-        f"\nspeed ('fit': a no-op training_step under Trainer.fit; the rest: a bare loop),"
-        f" {len(speeds)} interleaved rounds: median rows/s (whole epoch / after its 1st"
-        " batch / its 2nd half); the clock starts when the loader is built, so the first"
-        " epoch includes opening the table and starting the workers"
-    )
-    names = {
-        "module 0w": "speed:module:0",
-        "raw 0w": "speed:raw:0",
-        "module 2w": "speed:module:2",
-        "raw 2w": "speed:raw:2",
-        "module 2w, warm": "speed:module-warm:2",
-        "fit 0w": "fit:0",
-        "fit 2w": "fit:2",
-    }
-    for epoch in ("first", "second"):
-        print(f" {epoch} epoch")
-        for name, config in names.items():
-            rates = [_median(speeds, config, epoch, key) for key in SPANS.values()]
-            print(f"  {name:<16}" + "".join(f" {rate:>8.0f}" for rate in rates))
-        pairs = {
-            "module 2w / module 0w": ("speed:module:2", "speed:module:0"),
-            "module 2w / raw 2w": ("speed:module:2", "speed:raw:2"),
-            "module 0w / raw 0w": ("speed:module:0", "speed:raw:0"),
-            "fit 2w / fit 0w": ("fit:2", "fit:0"),
-        }
-        if epoch == "first":
-            # the workers' start-up taken out: this process's forkserver already ran
-            pairs["module 2w, warm / module 0w"] = ("speed:module-warm:2", "speed:module:0")
-        for label, key in SPANS.items():
-            ratios = "; ".join(
-                f"{name} {_ratio(speeds, *configs, epoch, key)}" for name, configs in pairs.items()
-            )
-            print(f"  {label}: {ratios}")
-    print(" CPU seconds of the 2nd epoch, main process + workers (median over the rounds)")
-    for name, config in names.items():
-        if config == "speed:raw:2":
-            continue  # lancedb's DataLoader workers are not this process's to read
-        cpu = [r[config]["second"]["cpu_s"] for r in speeds]
-        main, workers, total = (
-            statistics.median(part) for part in zip(*[(m, w, m + w) for m, w in cpu], strict=True)
-        )
-        print(f"  {name:<16} {main:.2f} + {workers:.2f}, total {total:.2f}")
-    jpeg, none = results["binary:jpeg"]["median_step_ms"], results["binary:none"]["median_step_ms"]
-    print(
-        f"\nno-op Trainer step, 64 heavy rows: {jpeg:.2f} ms with jpeg, {none:.2f} ms without"
-        f" ({jpeg - none:+.2f} ms)"
-    )
-
-
-def _median(speeds: list[dict], config: str, epoch: str, key: str) -> float:
-    return statistics.median(round_[config][epoch][key] for round_ in speeds)
-
-
-def _ratio(speeds: list[dict], top: str, bottom: str, epoch: str, key: str) -> str:
-    """The median of the per-round ratios, and their range."""
-    ratios = [r[top][epoch][key] / r[bottom][epoch][key] for r in speeds]
-    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+    results = {config: run(config) for config in ONCE}
+    speeds = [{config: run(config) for config in SPEED.values()} for _ in range(rounds)]
+    figures = summary(results, speeds)
+    report(figures)
+    return {"rows": rows, "table_gb": size, "rounds": rounds, **figures}
 
 
 if __name__ == "__main__":
-    print("RESULT " + json.dumps(run_one(sys.argv[1], sys.argv[2])))
+    hand_back(run_one(sys.argv[1], sys.argv[2]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 
@@ -61,3 +62,15 @@ class PeakRss:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def rates(start: float, stamps: list[tuple[float, int]]) -> dict[str, float]:
+    """Rows/s from ``start`` and each batch's (arrival time, rows): over the whole epoch,
+    after its first batch, and over its second half."""
+    times = [start] + [t for t, _ in stamps]
+    rows = [0, *itertools.accumulate(n for _, n in stamps)]
+
+    def rate(begin: int) -> float:
+        return (rows[-1] - rows[begin]) / (times[-1] - times[begin])
+
+    return {"rows_per_s": rate(0), "after_first": rate(1), "second_half": rate(len(stamps) // 2)}

@@ -23,9 +23,11 @@ class LoaderMonitor(Callback):
     - ``loader/wait_s``: seconds ``training_step``'s loop spent waiting in the loader;
     - ``loader/wait_share``: that wait over wait plus step time;
     - ``loader/samples_per_s``: samples of the batch over wait plus step time;
-    - the stream's own counters as ``loader/<name>`` (bytes loaded, pre-fetched and raw
-      rows queued, rows skipped by the source; for video also frames decoded, resident
-      bytes and ``loader/skipped_windows``, the windows a damaged video made it skip).
+    - the stream's own counters as ``loader/<name>``, summed over the rank's reading
+      processes: bytes loaded and bytes held (``resident_bytes``); for a table also rows
+      read; for video also frames decoded, the compressed bytes behind the resident frames
+      (``reserved_bytes``) and ``skipped_windows``, the windows a damaged video made it
+      skip.
 
     ``on_train_epoch_end`` warns when the epoch's total wait exceeded ``warn_share`` of
     its total time: the model is starved and more workers may help.

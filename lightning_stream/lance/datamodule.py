@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
-from functools import cached_property
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_stream.batching import Batch
 from lightning_stream.datamodule import StreamingDataModule
+from lightning_stream.lance.evaluation import EvaluationLoader
 from lightning_stream.lance.source import LanceSource
 from lightning_stream.plan import check_topology
 from lightning_stream.storage import check_options, is_remote
@@ -33,8 +32,8 @@ class LanceDataModule(StreamingDataModule):
     ``training_step`` exactly once.
 
     A batch is a dict with one Python type per column, decided at setup from the schema
-    (see :mod:`lightning_stream.lance.columns` and the README's table): numeric and
-    fixed-size-list columns become tensors stacked along dim 0 (with a bool
+    (see :mod:`lightning_stream.lance.columns` and the documentation's column types):
+    numeric and fixed-size-list columns become tensors stacked along dim 0 (with a bool
     ``<name>_valid`` tensor when the column holds nulls), strings a list of ``str``,
     binary columns a numpy object array of ``bytes``.
 
@@ -60,7 +59,7 @@ class LanceDataModule(StreamingDataModule):
             resume must use the same seed.
         shuffle_clump_size: shuffle blocks of this many rows that stay together (read in
             storage order) instead of single rows; default ``None`` (rows). Faster reads,
-            less mixed batches: see the README's figures. A resume must use the same value.
+            less mixed batches. A resume must use the same value.
         columns: columns to read; default ``None`` reads all.
         filter: SQL predicate selecting the training rows; default ``None`` (all rows).
         transform: callable applied to each collated batch (a dict) in the worker; it
@@ -89,9 +88,10 @@ class LanceDataModule(StreamingDataModule):
             yet: reads in flight and rows read but not yet handed out as batches, summed
             over the rank's reading processes (the main process, or its workers, each
             with an equal share); default 256 MiB. Memory stays flat whatever the table's
-            size and however slow the training step is. Each reading process also always
-            allows one read of at least one row, and the DataLoader holds up to
-            ``prefetch_factor`` (2) batches per worker beyond it (README, "Memory").
+            size and however slow the training step is. A worker's share goes three
+            quarters to its reads and a quarter to the shared memory slots its batches
+            cross in. Each reading process also always allows one read of at least one
+            row beyond it.
         storage_options: object-store options for ``lancedb.connect`` (and every worker's
             reopen), e.g. ``{"aws_access_key_id": ..., "aws_secret_access_key": ...,
             "aws_region": ..., "aws_endpoint": ..., "allow_http": "true"}``; default
@@ -290,52 +290,21 @@ class LanceDataModule(StreamingDataModule):
             )
             return []
         rank, world_size = self._rank_and_world()
-        return _EvaluationLoader(self._val, rank, world_size, self.batch_size)
+        return EvaluationLoader(self._val, rank, world_size, self.batch_size)
 
-    def test_dataloader(self) -> _EvaluationLoader:
+    def test_dataloader(self) -> EvaluationLoader:
         """This rank's part of the test rows (``test_filter`` / ``test_table``)."""
         return self._evaluation_loader("test")
 
-    def predict_dataloader(self) -> _EvaluationLoader:
+    def predict_dataloader(self) -> EvaluationLoader:
         """This rank's part of the rows to predict (default: the training rows)."""
         return self._evaluation_loader("predict")
 
-    def _evaluation_loader(self, stage: str) -> _EvaluationLoader:
+    def _evaluation_loader(self, stage: str) -> EvaluationLoader:
         if stage not in self._evaluation:
             self._evaluation[stage] = self._evaluation_source(stage)
         rank, world_size = self._rank_and_world()
-        return _EvaluationLoader(self._evaluation[stage], rank, world_size, self.batch_size)
-
-
-class _EvaluationLoader:
-    """Re-iterable validation, test or predict loader: the rows in storage order, each
-    rank its own part; ``len()`` is its number of batches.
-
-    The rows are cut into ``world_size`` contiguous parts (the first ones one row longer
-    when they do not divide), so every row is read once, none twice. They are read in
-    this process, with the reader's threads, whatever ``num_workers`` is.
-    """
-
-    def __init__(self, source: LanceSource, rank: int, world_size: int, batch_size: int) -> None:
-        self.source = source
-        self.rank = rank
-        self.world_size = world_size
-        self.batch_size = batch_size
-
-    @cached_property
-    def _rows(self) -> np.ndarray:
-        # one permutation build per loader, shared by len() and every pass
-        return np.array_split(self.source.storage_rows(), self.world_size)[self.rank]
-
-    def __len__(self) -> int:
-        return -(-len(self._rows) // self.batch_size)
-
-    def __iter__(self) -> Iterator[Batch]:
-        rows = self._rows
-        sizes = [self.batch_size] * (len(rows) // self.batch_size)
-        if len(rows) % self.batch_size:
-            sizes.append(len(rows) % self.batch_size)
-        return map(self.source.batch_maker(), self.source.read_here(rows, sizes))
+        return EvaluationLoader(self._evaluation[stage], rank, world_size, self.batch_size)
 
 
 def _check_positive(**values: int) -> None:

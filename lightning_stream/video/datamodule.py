@@ -34,10 +34,10 @@ def default_sidecar_dir() -> Path:
 class VideoEpisodeDataModule(StreamingDataModule):
     """Windows of robot episodes (LeRobot dataset v3) with exact elastic resume.
 
-    A sample follows ``LeRobotDataset``'s (README, "LeRobot parity"): every camera key gives
-    ``[T, C, H, W]`` images (``T = len(delta_timestamps[key])``; ``[C, H, W]`` with one
-    delta or none), every per-frame Parquet feature its window (``[T, ...]``, also for one
-    delta) or its value at the anchor, ``<key>_is_pad`` bool masks for keys with deltas
+    A sample follows ``LeRobotDataset``'s (documentation, "LeRobot parity"): every camera
+    key gives ``[T, C, H, W]`` images (``T = len(delta_timestamps[key])``; ``[C, H, W]``
+    with one delta or none), every per-frame Parquet feature its window (``[T, ...]``,
+    also for one delta) or its value at the anchor, ``<key>_is_pad`` bool masks for keys with deltas
     (frames outside the episode are clamped to its edge and flagged), and
     ``episode_index``, ``frame_index``, ``index``, ``timestamp``, ``task_index`` and
     ``task`` (the task string). Frames are decoded from byte ranges of the MP4s, located

@@ -1,0 +1,194 @@
+"""The package's shape: modules short enough to hold, and no import circle among them.
+
+The import graph is read from the source with ``ast``, not by importing: an edge A -> B
+for every ``import`` / ``from ... import`` statement in A that names a module B of the
+package, whether at module level or inside a function or method (a deferred import still
+ties the two modules together, it only hides the circle until the function runs). Imports
+under ``if TYPE_CHECKING:`` are left out: they never run, and they are how a type
+annotation may name a module that imports this one.
+
+Names resolve as Python resolves them: relative imports against the importing module's
+package; ``from pkg import name`` imports the submodule ``pkg.name`` when there is one,
+otherwise ``pkg`` itself; and ``from lightning_stream import X``, where ``X`` is one of
+the public names ``lightning_stream/__init__.py`` imports lazily (its ``_PUBLIC`` map),
+imports the module ``_PUBLIC`` names for ``X``. Importing a submodule also runs its
+package's ``__init__``; no edge is drawn for that, since the package's ``__init__`` files
+import nothing at import time.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "lightning_stream"
+MAX_LINES = 350
+
+
+def _module_name(path: Path, package: Path) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules(package: Path = PACKAGE) -> dict[str, Path]:
+    return {_module_name(path, package): path for path in sorted(package.rglob("*.py"))}
+
+
+def _lazy_public_names(package: Path) -> dict[str, str]:
+    """``_PUBLIC`` of the package's ``__init__``: public name -> the module defining it."""
+    tree = ast.parse((package / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == "_PUBLIC" for target in node.targets
+        ):
+            return ast.literal_eval(node.value)
+    return {}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(tree: ast.AST, in_functions: bool = True) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement in ``tree`` at any depth, except under ``if TYPE_CHECKING:``
+    and, unless ``in_functions``, in function bodies."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    pending = [tree]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            pending.extend(node.orelse)
+            continue
+        if not in_functions and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        pending.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _imported(
+    name: str,
+    path: Path,
+    modules: dict[str, Path],
+    root: str,
+    lazy: dict[str, str],
+    in_functions: bool = True,
+) -> set[str]:
+    """The modules of package ``root`` that its module ``name`` (at ``path``) imports
+    (``in_functions``: in function bodies too)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets: set[str] = set()
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in _import_nodes(tree, in_functions):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+            continue
+        base = node.module or ""
+        if node.level:
+            anchor = package.split(".")
+            anchor = anchor[: len(anchor) - (node.level - 1)]
+            base = ".".join([*anchor, base] if base else anchor)
+        for alias in node.names:
+            submodule = f"{base}.{alias.name}"
+            if submodule in modules:
+                targets.add(submodule)
+            elif base == root and alias.name in lazy:
+                targets.add(lazy[alias.name])
+            else:
+                targets.add(base)
+    return {target for target in targets if target in modules and target != name}
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Each module of ``package`` -> the modules of ``package`` it imports."""
+    modules = _modules(package)
+    lazy = _lazy_public_names(package)
+    return {
+        name: _imported(name, path, modules, package.name, lazy) for name, path in modules.items()
+    }
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle as ``[a, b, ..., a]``, or ``None`` when the graph has none."""
+    done: set[str] = set()
+    for start in sorted(graph):
+        if start in done:
+            continue
+        # depth-first walk with an explicit stack of each path module's remaining targets
+        path = [start]
+        stack = [iter(sorted(graph[start]))]
+        while stack:
+            target = next(stack[-1], None)
+            if target is None:
+                stack.pop()
+                done.add(path.pop())
+            elif target in path:
+                return [*path[path.index(target) :], target]
+            elif target not in done:
+                path.append(target)
+                stack.append(iter(sorted(graph[target])))
+    return None
+
+
+def test_no_module_over_the_line_limit() -> None:
+    lengths = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
+    too_long = {name: n for name, n in lengths.items() if n > MAX_LINES}
+    assert not too_long, f"modules over {MAX_LINES} lines: {too_long}"
+
+
+def test_package_inits_import_nothing_at_import_time() -> None:
+    # what lets the graph leave out the edge from a submodule to its package's __init__
+    modules = _modules()
+    lazy = _lazy_public_names(PACKAGE)
+    for name, path in modules.items():
+        if path.name == "__init__.py":
+            imported = _imported(name, path, modules, PACKAGE.name, lazy, in_functions=False)
+            assert not imported, f"{name} imports {sorted(imported)} when it is imported"
+
+
+def test_no_import_circle() -> None:
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle or [])
+
+
+def test_the_graph_sees_known_imports() -> None:
+    # guards the reader itself: a graph with no edges would show no circle either
+    graph = import_graph()
+    assert "lightning_stream.lance.source" in graph["lightning_stream.lance.datamodule"]
+    # a deferred import inside a function
+    assert "lightning_stream.demo" in graph["lightning_stream.cli"]
+    # a lazily exported public name
+    assert "lightning_stream.monitor" in graph["lightning_stream.demo"]
+    # a submodule imported by name from its package
+    assert "lightning_stream.loop_state" in graph["lightning_stream.callback"]
+    # TYPE_CHECKING imports are left out
+    assert graph["lightning_stream"] == set()
+
+
+def test_a_circle_is_found_and_named() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"b"}}) is None
+
+
+def test_a_circle_through_deferred_and_submodule_imports_is_found(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text('_PUBLIC = {"Thing": "pkg.sub.b"}\n')
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "a.py").write_text("from pkg.sub import b\n")
+    (package / "sub" / "b.py").write_text("def f():\n    from .c import g\n")
+    (package / "sub" / "c.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from pkg import a\n"
+        "def g():\n    from pkg import Thing\n"
+    )
+    graph = import_graph(package)
+    assert graph["pkg.a"] == {"pkg.sub.b"}
+    assert graph["pkg.sub.b"] == {"pkg.sub.c"}
+    assert graph["pkg.sub.c"] == {"pkg.sub.b"}
+    assert find_cycle(graph) == ["pkg.sub.b", "pkg.sub.c", "pkg.sub.b"]
