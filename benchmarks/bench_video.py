@@ -54,7 +54,6 @@ import argparse
 import collections
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,6 +62,7 @@ from pathlib import Path
 import av
 import numpy as np
 import pyarrow.parquet as pq
+from fresh import hand_back, run_fresh
 from measure import PeakRss, tree_rss_mb
 
 FRONT, WRIST = "observation.images.front", "observation.images.wrist"
@@ -252,8 +252,11 @@ def _spread(values: list[float], digits: int = 2) -> str:
     return f"{statistics.median(values):.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
 
 
-def compare_workers(root: Path, rounds: int, counts: list[int], epochs: int, step_ms: float):
-    """Each worker count in a fresh process, interleaved, ``rounds`` times."""
+def compare_workers(
+    root: Path, rounds: int, counts: list[int], epochs: int, step_ms: float, json_path: str | None
+) -> None:
+    """Each worker count in a fresh process, interleaved, ``rounds`` times; every round's
+    figures also written to ``json_path`` (``benchmarks/plots.py`` draws them)."""
     from lightning_stream.video.datamodule import VideoEpisodeDataModule
 
     sidecars = root.parent / "sidecars"
@@ -267,13 +270,9 @@ def compare_workers(root: Path, rounds: int, counts: list[int], epochs: int, ste
     runs: dict[int, list[dict]] = {count: [] for count in counts}
     for _ in range(rounds):
         for count in counts:
-            command = [sys.executable, __file__, "--one", str(count), str(root), str(sidecars),
-                       str(epochs), str(step_ms)]  # fmt: skip
-            output = subprocess.run(command, capture_output=True, text=True, check=False)
-            line = next((x for x in output.stdout.splitlines() if x.startswith("RESULT ")), None)
-            if line is None:
-                raise RuntimeError(f"{count} workers failed:\n{output.stderr[-4000:]}")
-            runs[count].append(json.loads(line.removeprefix("RESULT ")))
+            arguments = [__file__, "--one", str(count), str(root), str(sidecars), str(epochs),
+                         str(step_ms)]  # fmt: skip
+            runs[count].append(run_fresh(arguments, f"{count} workers:"))
     frames = sum(pq.read_metadata(p).num_rows for p in sorted((root / "data").rglob("*.parquet")))
     print(f"dataset: 24 episodes, {frames} frames, 2 cameras of 96x96 (h264, B-frames, GOP 30);"
           f" batch 16, num_splits 24; step {step_ms:g} ms;"
@@ -297,6 +296,9 @@ def compare_workers(root: Path, rounds: int, counts: list[int], epochs: int, ste
                      - b["epochs"][0]["epoch_s"] for a, b in pairs]  # fmt: skip
             note = f"; setup + epoch 0, {count} - {base}: {_spread(extra)} s" if epoch == 0 else ""
             print(f"epoch {epoch} windows/s, {count} workers / {base}: {_spread(ratio)}{note}")
+    if json_path:
+        figures = {"rounds": rounds, "step_ms": step_ms, "counts": counts, "runs": runs}
+        Path(json_path).write_text(json.dumps(figures, indent=1) + "\n")
 
 
 MEMORY_BUDGET_GB = 0.05
@@ -351,13 +353,8 @@ def compare_memory(root: Path) -> None:
           f" byte budget {budget_mb:.1f} MB, bound 1.5 x budget + 60 MB ="
           f" {1.5 * budget_mb + 60:.0f} MB")  # fmt: skip
     for workers in (0, 2):
-        command = [sys.executable, __file__, "--memory-one", str(workers), str(root),
-                   str(sidecars)]  # fmt: skip
-        output = subprocess.run(command, capture_output=True, text=True, check=False)
-        line = next((x for x in output.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if line is None:
-            raise RuntimeError(f"{workers} workers failed:\n{output.stderr[-4000:]}")
-        r = json.loads(line.removeprefix("RESULT "))
+        arguments = [__file__, "--memory-one", str(workers), str(root), str(sidecars)]
+        r = run_fresh(arguments, f"{workers} workers:")
         above = r["peak"] - r["baseline"]
         print(f"{workers} workers: RSS after setup {r['after_setup']:.0f} MB, after the"
               f" workers' start-up {r['baseline']:.0f} MB; over the epoch 10/50/90%"
@@ -372,13 +369,11 @@ def compare_memory(root: Path) -> None:
 def main() -> None:
     if sys.argv[1:2] == ["--one"]:
         workers, root, sidecars, epochs, step_ms = sys.argv[2:7]
-        result = workers_run(root, sidecars, int(workers), int(epochs), float(step_ms))
-        print("RESULT " + json.dumps(result))
+        hand_back(workers_run(root, sidecars, int(workers), int(epochs), float(step_ms)))
         return
     if sys.argv[1:2] == ["--memory-one"]:
         workers, root, sidecars = sys.argv[2:5]
-        result = memory_run(root, sidecars, int(workers))
-        print("RESULT " + json.dumps(result))
+        hand_back(memory_run(root, sidecars, int(workers)))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=24)
@@ -390,6 +385,7 @@ def main() -> None:
     )
     parser.add_argument("--epochs", type=int, default=3, help="--workers: epochs per process")
     parser.add_argument("--step-ms", type=float, default=0.0, help="--workers: step per batch")
+    parser.add_argument("--json", help="--workers: also write every round's figures here")
     parser.add_argument("--memory", action="store_true", help="memory under a small budget")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     args = parser.parse_args()
@@ -409,7 +405,7 @@ def main() -> None:
             compare_s3(root, args.rounds)
         elif args.workers:
             counts = [int(c) for c in args.worker_counts.split(",")]
-            compare_workers(root, args.rounds, counts, args.epochs, args.step_ms)
+            compare_workers(root, args.rounds, counts, args.epochs, args.step_ms, args.json)
         else:
             run(root, args.naive_windows)
 

@@ -72,7 +72,12 @@ def _run(line: _Line, job_id: int, job: Any) -> None:
 def _put(line: _Line, job_id: int, kind: str, payload: Any) -> bool:
     """Hand a made payload over once there is room; ``False`` if the job was dropped."""
     with line.condition:
-        while len(line.out) >= line.depth and job_id >= line.floor and not line.closed:
+        while (
+            kind == "batch"  # a job's end holds no memory: never held back
+            and sum(entry[1] == "batch" for entry in line.out) >= line.depth
+            and job_id >= line.floor
+            and not line.closed
+        ):
             line.condition.wait()
         if job_id < line.floor or line.closed:
             return False
@@ -94,7 +99,7 @@ class InlineReader:
 
     workers = 1
 
-    def __init__(self, task: Any, state: Any, depth: int = 2) -> None:
+    def __init__(self, task: Any, state: Any, depth: int = 4) -> None:
         self._line = line = _Line(task, state, depth)
         self._next_id = 0
         self._current: int | None = None
