@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from lightning_stream.video.synthetic import write_dataset
+from lightning_stream.workers.inline import InlineReader
 from lightning_stream.workers.pool import WorkerPool, WorkerStartError
 
 from .conftest import ENV, ROOT, last_step, train_command
@@ -84,6 +85,28 @@ def test_a_job_that_raises_is_reraised_with_its_type_and_message():
             served(pool, "a", [(0, 5), (10, 5)])
     finally:
         pool.close()
+
+
+def test_the_inline_reader_serves_in_order_queues_the_next_job_and_stops_when_dropped():
+    task = Numbers()
+    inline = InlineReader(task, task.open(0))
+
+    def numbers(key, job, after=None) -> list[int]:
+        return [p["number"] for p in inline.serve(key, job, lambda p: p, after)]
+
+    assert numbers("epoch0", (0, 6), after=("epoch1", (10, 3))) == list(range(6))
+    assert numbers("epoch1", (10, 3)) == [10, 11, 12]
+    for number, _ in enumerate(inline.serve("epoch2", (0, 50), lambda p: p)):
+        if number == 3:
+            break  # an epoch stopped early: its leftovers are dropped
+    assert numbers("epoch3", (20, 2)) == [20, 21]
+    with pytest.raises(ValueError, match="row 2 is corrupt"):
+        failing = InlineReader(FailsAtTwo(), task.open(0))
+        list(failing.serve("a", (0, 5), lambda p: p))
+    thread = inline._thread
+    del inline, failing  # a data module dropped without teardown
+    thread.join(5)
+    assert not thread.is_alive()
 
 
 # -- scripts without a main guard ---------------------------------------------------

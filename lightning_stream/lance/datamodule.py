@@ -251,7 +251,7 @@ class LanceDataModule(StreamingDataModule):
             log.warning(
                 "%s is on an object store and rows are shuffled one by one: each read of"
                 " scattered rows fetches whole pages, several times the table's bytes per"
-                " epoch (README, Object stores); set shuffle_clump_size (e.g. 4096) to read"
+                " epoch (docs/object-stores.md); set shuffle_clump_size (e.g. 4096) to read"
                 " runs",
                 self.uri,
             )

@@ -190,7 +190,14 @@ class LanceSource:
         return BatchMaker(self.types, self.transform)
 
     def counters(self) -> dict[str, float]:
+        self._take_worker_counters()
         return self.read_counters.totals()
+
+    def _take_worker_counters(self) -> None:
+        """The workers' counters as of their last batch, into their rows of the totals."""
+        for worker, counters in enumerate(self.pool.counters if self.pool is not None else ()):
+            if counters is not None:
+                self.read_counters.values[worker + 1] = counters
 
     def chunks(
         self,
@@ -228,9 +235,7 @@ class LanceSource:
                 " with trainer.fit(..., ckpt_path=<last checkpoint>)"
             ) from exc
         finally:
-            for worker, counters in enumerate(pool.counters):
-                if counters is not None:
-                    self.read_counters.values[worker + 1] = counters
+            self._take_worker_counters()
 
     def start_workers(self, workers: int) -> WorkerPool:
         """The rank's reading processes, started once and kept for every epoch.
