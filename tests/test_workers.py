@@ -91,15 +91,15 @@ def test_the_inline_reader_serves_in_order_queues_the_next_job_and_stops_when_dr
     task = Numbers()
     inline = InlineReader(task, task.open(0))
 
-    def numbers(key, job, after=None) -> list[int]:
-        return [p["number"] for p in inline.serve(key, job, lambda p: p, after)]
+    def numbers(reader, key, job, after=None) -> list[int]:
+        return [p["number"] for p in reader.serve(key, job, lambda p: p, after)]
 
-    assert numbers("epoch0", (0, 6), after=("epoch1", (10, 3))) == list(range(6))
-    assert numbers("epoch1", (10, 3)) == [10, 11, 12]
+    assert numbers(inline, "epoch0", (0, 6), after=("epoch1", (10, 3))) == list(range(6))
+    assert numbers(inline, "epoch1", (10, 3)) == [10, 11, 12]
     for number, _ in enumerate(inline.serve("epoch2", (0, 50), lambda p: p)):
         if number == 3:
             break  # an epoch stopped early: its leftovers are dropped
-    assert numbers("epoch3", (20, 2)) == [20, 21]
+    assert numbers(inline, "epoch3", (20, 2)) == [20, 21]
     with pytest.raises(ValueError, match="row 2 is corrupt"):
         failing = InlineReader(FailsAtTwo(), task.open(0))
         list(failing.serve("a", (0, 5), lambda p: p))

@@ -59,10 +59,11 @@ class VideoEpisodeDataModule(StreamingDataModule):
             run. Must be divisible by ``world_size * max(1, num_workers)``.
         batch_size: samples per batch per process.
         num_workers: decoding worker processes per rank; default 0 (the main process
-            decodes). Started at ``setup`` without waiting for them, kept for every epoch
-            (each begins the next epoch as soon as it finishes one), stopped at
-            ``teardown``, and gone within moments of the training process if it dies, even
-            by ``SIGKILL``. The batches do not depend on who decodes them
+            decodes, on a thread of its own, up to 4 batches ahead of ``training_step``:
+            :mod:`lightning_stream.workers.inline`). Started at ``setup`` without waiting
+            for them, kept for every epoch (each begins the next epoch as soon as it
+            finishes one), stopped at ``teardown``, and gone within moments of the training
+            process if it dies, even by ``SIGKILL``. The batches do not depend on who decodes them
             (:mod:`lightning_stream.workers.pool`).
         shuffle_seed: seed of the episode order and each split's anchor order; default 0.
         episodes: episode indices to train on; default ``None`` (all). An empty list raises
