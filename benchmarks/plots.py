@@ -119,6 +119,8 @@ def plot_video_workers(figures: dict, path: Path) -> None:
 PLOTS: dict[str, tuple[Callable[[dict, Path], None], str]] = {
     "bench_lance.json": (plot_lance, "bench_lance.png"),
     "bench_video_workers.json": (plot_video_workers, "bench_video_workers.png"),
+    # the same with a training step slower than the reads (--step-ms 20)
+    "bench_video_workers_step20.json": (plot_video_workers, "bench_video_workers_step20.png"),
 }
 
 
