@@ -21,10 +21,7 @@ is ratios of figures measured side by side in one run.
    the loader is built, so opening the table and starting workers count. Rows/s of each
    epoch over the whole epoch, after its first batch and over its second half;
    ``--rounds`` interleaved rounds (default 3), each ratio taken within a round and
-   reported as the median and range over the rounds. ``module-warm`` is the module at 2
-   workers in a process whose forkserver already runs (an earlier data module started
-   and stopped its workers before the clock): the first epoch without the workers'
-   start-up, which is almost all the forkserver importing lancedb. ``fit``: the module
+   reported as the median and range over the rounds. ``fit``: the module
    under ``Trainer.fit`` (two epochs, a no-op ``training_step``), the rows/s reaching
    the step, the clock started before the data module and the ``Trainer`` are built.
    Also the CPU seconds of the second epoch: the main process's and the module's
@@ -119,11 +116,6 @@ def speed(uri: str, kind: str, workers: int) -> dict:
 
     import lightning_stream.lance.datamodule  # noqa: F401
 
-    if kind == "module-warm":
-        earlier = _module(uri, workers)
-        earlier.setup("fit")
-        next(iter(earlier.train_dataloader()))
-        earlier.teardown("fit")
     start = time.perf_counter()
     if kind == "raw":
         dm = None  # lancedb's DataLoader workers: their CPU is not read

@@ -12,7 +12,6 @@ SPEED = {
     "raw 0w": "speed:raw:0",
     "module 2w": "speed:module:2",
     "raw 2w": "speed:raw:2",
-    "module 2w, warm": "speed:module-warm:2",
     "fit 0w": "fit:0",
     "fit 2w": "fit:2",
 }
@@ -27,8 +26,6 @@ PAIRS = {
     "module 0w / raw 0w": ("speed:module:0", "speed:raw:0"),
     "fit 2w / fit 0w": ("fit:2", "fit:0"),
 }
-# the workers' start-up taken out: this process's forkserver already ran
-WARM_PAIR = {"module 2w, warm / module 0w": ("speed:module-warm:2", "speed:module:0")}
 
 
 def summary(results: dict, speeds: list[dict]) -> dict:
@@ -47,9 +44,8 @@ def summary(results: dict, speeds: list[dict]) -> dict:
             name: {span: _median(speeds, config, epoch, key) for span, key in SPANS.items()}
             for name, config in SPEED.items()
         }
-        pairs = {**PAIRS, **WARM_PAIR} if epoch == "first" else PAIRS
         ratios[epoch] = {
-            span: {name: _ratio(speeds, *configs, epoch, key) for name, configs in pairs.items()}
+            span: {name: _ratio(speeds, *configs, epoch, key) for name, configs in PAIRS.items()}
             for span, key in SPANS.items()
         }
     cpu = {}
