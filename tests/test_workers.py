@@ -225,3 +225,27 @@ def test_nothing_outlives_a_killed_video_job(video_root):
 
 def test_nothing_outlives_a_ddp_job_whose_rank_0_is_killed(table_dir):
     kill_and_check(table_dir, "killed-ddp", "--devices", "2", "--workers", "2")
+
+
+def test_a_dead_video_worker_stops_the_epoch_saying_how_to_resume(video_root):
+    from lightning_stream import VideoEpisodeDataModule
+
+    dm = VideoEpisodeDataModule(
+        str(video_root / "data"), delta_timestamps={"observation.images.front": [0.0]},
+        num_splits=12, batch_size=4, num_workers=2, sidecar_dir=str(video_root / "sidecars"),
+    )  # fmt: skip
+    dm.setup("fit")
+    try:
+        batches = iter(dm.train_dataloader())
+        next(batches)
+        pool = dm.stream.source.pool
+        while not pool.ready():
+            time.sleep(0.01)
+        os.kill(pool.pids[1], signal.SIGKILL)
+        with pytest.raises(RuntimeError, match="a decoding worker of rank 0 died") as caught:
+            for _ in batches:
+                pass
+        assert "killed by signal SIGKILL" in str(caught.value)
+        assert "ckpt_path=<last checkpoint>" in str(caught.value)
+    finally:
+        dm.teardown("fit")

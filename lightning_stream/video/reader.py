@@ -82,6 +82,9 @@ class EpisodeReader:
     def __init__(self, spec: VideoSpec, decode_threads: int = 1) -> None:
         self.spec = spec
         self.decode_threads = decode_threads
+        # False: the consumer applies image_transforms (the main process's reading thread
+        # leaves them to the main thread, whose random draws they share)
+        self.applies_transforms = True
         episodes = list(spec.episodes) if spec.episodes else None
         self.dataset = open_dataset(spec.root, episodes, spec.filesystem)
         self.fps = self.dataset.fps

@@ -30,8 +30,9 @@ from lightning_stream.video.lerobot import check_video_files
 from lightning_stream.video.reader import EpisodeReader, VideoSpec
 from lightning_stream.video.sidecar import fingerprint
 from lightning_stream.video.task import DecodeJob, DecodeTask, batches, reader_positions
+from lightning_stream.video.windows import transformed
 from lightning_stream.workers.inline import InlineReader
-from lightning_stream.workers.pool import WorkerPool
+from lightning_stream.workers.pool import WorkerDied, WorkerPool
 
 _STOPPED = ("bytes_loaded", "frames_decoded")
 
@@ -155,9 +156,13 @@ class VideoSource:
             after = (upcoming, self._jobs(*upcoming))
         if workers == 0:
             if self.inline is None:
+                # the main thread applies image_transforms, in batch order: their random
+                # draws and training_step's come from the same global generators
+                self.reader.applies_transforms = False
                 self.inline = InlineReader(DecodeTask(self.spec), self.reader)
-            served = self.inline.serve((epoch, plan), self._jobs(epoch, plan)[0], to_tensors,
-                                       after and (after[0], after[1][0]))  # fmt: skip
+            job = self._jobs(epoch, plan)[0]
+            queued = after and (after[0], after[1][0])
+            served = self.inline.serve((epoch, plan), job, self._transformed, queued)
             yield from self._tensors(served, converted=True)
             return
         pool = self.start_workers(workers, plan.batch_size)
@@ -169,7 +174,23 @@ class VideoSource:
                 yield batch
             self.reader.clear()  # the workers finish the head's chunks
         served = pool.serve((epoch, plan), self._jobs(epoch, plan), to_tensors, after)
-        yield from self._tensors(served, converted=True)
+        try:
+            yield from self._tensors(served, converted=True)
+        except WorkerDied as exc:
+            self.stop_workers()
+            raise RuntimeError(
+                f"a decoding worker of rank {plan.rank} died while decoding {self.spec.root!r}"
+                f" ({exc}). Nothing after the last checkpoint is lost: resume with"
+                " trainer.fit(..., ckpt_path=<last checkpoint>)"
+            ) from exc
+
+    def _transformed(self, batch: dict[str, Any]) -> Batch:
+        """A batch of the reading thread, its cameras through ``image_transforms``."""
+        transform = self.spec.image_transforms
+        if transform is not None:
+            for camera in self.reader.dataset.cameras:
+                batch[camera] = transformed(batch[camera], transform)
+        return to_tensors(batch)
 
     def _jobs(self, epoch: int, plan: RankEpochPlan) -> list[DecodeJob]:
         """Each reader's job; with several workers the main process serves the head."""
@@ -188,9 +209,9 @@ class VideoSource:
 
     def counters(self) -> dict[str, float]:
         """The main process's reader's counters plus each worker's, as of its last batch."""
-        # the reader's own counters, unless its thread may be changing it now
-        inline = self.inline.counters[0] if self.inline is not None else None
-        totals = dict(inline) if inline is not None else self.reader.counters()
+        # never the reader's own while its thread may be changing it
+        inline = self.inline
+        totals = dict(inline.counters[0]) if inline is not None else self.reader.counters()
         for name, value in self.stopped_counts.items():
             totals[name] += value
         for counters in self.pool.counters if self.pool is not None else ():

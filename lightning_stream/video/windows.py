@@ -13,7 +13,7 @@ lost to damage (``on_decode_error="skip"``) is a zero placeholder whose
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -94,7 +94,8 @@ def _pad(reader: EpisodeReader, key: str, slot: int, frame: int) -> np.ndarray:
 
 def _camera_batch(reader: EpisodeReader, windows: list[np.ndarray]) -> Any:
     """``[B, T, C, H, W]`` (``[B, C, H, W]`` for one frame) images of one camera, of the
-    spec's dtype, each window through ``image_transforms`` when given."""
+    spec's dtype, each window through ``image_transforms`` when given and the reader
+    applies them."""
     images = np.moveaxis(np.stack(windows), -1, -3)  # [B, T, H, W, 3] -> [B, T, 3, H, W]
     if images.shape[1] == 1:
         images = images[:, 0]  # one frame: [C, H, W], as LeRobot squeezes it
@@ -103,12 +104,16 @@ def _camera_batch(reader: EpisodeReader, windows: list[np.ndarray]) -> Any:
         images = images.astype(np.float32)
         images /= 255
     transform = reader.spec.image_transforms
-    if transform is None:
+    if transform is None or not reader.applies_transforms:
         return images
-    import torch  # only a transform needs it: it takes and gives tensors
+    return transformed(images, transform)
 
-    transformed = torch.stack([transform(torch.from_numpy(image)) for image in images])
-    return as_numpy(transformed)
+
+def transformed(images: np.ndarray, transform: Callable[[Any], Any]) -> Any:
+    """Each window of ``images`` through ``transform`` (it takes and gives tensors)."""
+    import torch  # only a transform needs it
+
+    return as_numpy(torch.stack([transform(torch.from_numpy(image)) for image in images]))
 
 
 def as_numpy(value: Any) -> Any:

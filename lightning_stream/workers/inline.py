@@ -101,6 +101,7 @@ class InlineReader:
 
     def __init__(self, task: Any, state: Any, depth: int = 4) -> None:
         self._line = line = _Line(task, state, depth)
+        line.counters = task.counters(state)  # before the thread may change the state
         self._next_id = 0
         self._current: int | None = None
         self._queued: tuple[Any, int] | None = None
@@ -111,7 +112,7 @@ class InlineReader:
 
     @property
     def counters(self) -> list[Any]:
-        """The task's counters as of the last payload made (``[None]`` before one)."""
+        """The task's counters as of the last payload made (or of the start)."""
         return [self._line.counters]
 
     def serve(
