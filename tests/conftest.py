@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,17 @@ def alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def gone(pids: list[int], within: float = 5.0) -> bool:
+    """Whether every process of ``pids`` ends within ``within`` seconds (an exiting one
+    closes its pipes a moment before it is gone)."""
+    deadline = time.monotonic() + within
+    while any(map(alive, pids)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def last_step(ledger_dir: Path) -> int:
@@ -87,3 +99,13 @@ def heavy_uri(tmp_path_factory) -> str:
     uri = str(tmp_path_factory.mktemp("heavy") / "db")
     make_heavy_table(uri, HEAVY_ROWS, blob_bytes=2_000, chunk=300)
     return uri
+
+
+def worker_pids(dm) -> list[int]:
+    """The pids of a data module's workers, once they all started."""
+    pool = dm.stream.source.pool
+    deadline = time.monotonic() + 120
+    while not pool.ready():
+        assert time.monotonic() < deadline, "the workers did not start in 120 s"
+        time.sleep(0.05)
+    return list(pool.pids)

@@ -1,7 +1,6 @@
 """Reading workers serve every row once, in batches that do not depend on their timing."""
 
 import gc
-import time
 
 import numpy as np
 import pyarrow as pa
@@ -11,17 +10,7 @@ import torch
 from lightning_stream import LanceDataModule
 from lightning_stream.lance.synthetic import heavy_rows
 
-from .conftest import HEAVY_ROWS, alive
-
-
-def readers(dm) -> list[int]:
-    """The pids of the data module's reading workers, once they all started."""
-    pool = dm.stream.source.pool
-    deadline = time.monotonic() + 120
-    while not pool.ready():
-        assert time.monotonic() < deadline, "the reading workers did not start in 120 s"
-        time.sleep(0.05)
-    return list(pool.pids)
+from .conftest import HEAVY_ROWS, gone, worker_pids
 
 
 def reference() -> pa.Table:
@@ -58,9 +47,9 @@ def test_workers_serve_every_row_in_the_same_batches_every_run(heavy_uri, budget
         dm.setup("fit")
         epochs = [list(dm.train_dataloader()) for _ in range(2)]
         main_rows, *worker_rows = dm.stream.source.read_counters.values[:, 2].tolist()
-        started = readers(dm)
+        started = worker_pids(dm)
         dm.teardown("fit")
-        assert not any(map(alive, started)), "teardown stops them"
+        assert gone(started), "teardown stops them"
         # the main process reads only a resume's catch-up rows: none here
         assert main_rows == 0
         assert sum(worker_rows) == 2 * HEAVY_ROWS
@@ -79,7 +68,7 @@ def test_an_epoch_stopped_early_leaves_the_next_one_whole(heavy_uri, budget):
     table = reference()
     dm = module(heavy_uri, budget)
     dm.setup("fit")
-    readers(dm)
+    worker_pids(dm)
     for index, _ in enumerate(dm.train_dataloader()):
         if index == 5:
             break  # the workers hold batches the main process never takes
@@ -99,7 +88,7 @@ def test_an_epoch_stopped_early_leaves_the_next_one_whole(heavy_uri, budget):
 def test_workers_stop_with_their_data_module(heavy_uri):
     dm = module(heavy_uri)
     dm.setup("fit")
-    started = readers(dm)
+    started = worker_pids(dm)
     del dm
     gc.collect()
-    assert not any(map(alive, started))
+    assert gone(started)

@@ -1,7 +1,6 @@
 """VideoEpisodeDataModule on LeRobot v3 datasets written here with PyAV."""
 
 import collections
-import time
 
 import numpy as np
 import pytest
@@ -10,7 +9,7 @@ import torch
 from lightning_stream.video.datamodule import VideoEpisodeDataModule
 from lightning_stream.video.synthetic import frame_index, write_dataset
 
-from .conftest import alive
+from .conftest import gone, worker_pids
 
 LENGTHS = [25, 14, 31, 18, 22, 9, 27, 16, 20, 19, 24, 15]  # 240 frames
 STARTS = np.concatenate([[0], np.cumsum(LENGTHS)[:-1]])
@@ -35,16 +34,6 @@ def make(dataset, **options):
 def set_up(dm, workers):
     dm.setup("fit")
     return dm
-
-
-def worker_pids(dm) -> list[int]:
-    """The pids of the data module's decoding workers, once they all started."""
-    pool = dm.stream.source.pool
-    deadline = time.monotonic() + 60
-    while not pool.ready():
-        assert time.monotonic() < deadline, "the workers did not start in 60 s"
-        time.sleep(0.05)
-    return list(pool.pids)
 
 
 def expected_window(episode, frame, offsets):
@@ -128,7 +117,7 @@ def test_workers_stopped_before_their_first_epoch_exit(dataset):
     dm = set_up(make(dataset, num_workers=2), 2)
     pids = worker_pids(dm)
     dm.teardown("fit")
-    assert len(pids) == 2 and not any(map(alive, pids))
+    assert len(pids) == 2 and gone(pids)
 
 
 def to_bfloat16(images):

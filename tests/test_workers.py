@@ -16,7 +16,7 @@ from lightning_stream.video.synthetic import write_dataset
 from lightning_stream.workers.inline import InlineReader
 from lightning_stream.workers.pool import WorkerPool, WorkerStartError
 
-from .conftest import ENV, ROOT, last_step, train_command
+from .conftest import ENV, ROOT, last_step, train_command, worker_pids
 from .worker_tasks import FailsAtTwo, FailsToLoad, FailsToOpen, Numbers
 
 LENGTHS = [25, 14, 31, 18, 22, 9, 27, 16, 20, 19, 24, 15]  # 240 frames
@@ -238,10 +238,7 @@ def test_a_dead_video_worker_stops_the_epoch_saying_how_to_resume(video_root):
     try:
         batches = iter(dm.train_dataloader())
         next(batches)
-        pool = dm.stream.source.pool
-        while not pool.ready():
-            time.sleep(0.01)
-        os.kill(pool.pids[1], signal.SIGKILL)
+        os.kill(worker_pids(dm)[1], signal.SIGKILL)
         with pytest.raises(RuntimeError, match="a decoding worker of rank 0 died") as caught:
             for _ in batches:
                 pass
