@@ -57,6 +57,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def storage_options(endpoint: str, secret: str = SECRET_KEY) -> dict[str, str]:
+    """lancedb-style options for the server at ``endpoint`` (``secret`` as the secret key)."""
+    return {
+        "aws_access_key_id": ACCESS_KEY,
+        "aws_secret_access_key": secret,
+        "aws_region": REGION,
+        "aws_endpoint": endpoint,
+        "allow_http": "true",
+    }
+
+
 def bytes_served(endpoint: str, reset: bool = False) -> int:
     """Response body bytes of every GET the server at ``endpoint`` sent; ``reset``: then
     start the count (and the request log) again from zero."""
@@ -102,13 +113,7 @@ class S3Server:
 
     def storage_options(self, secret: str = SECRET_KEY) -> dict[str, str]:
         """lancedb-style options for this server (``secret`` as the secret key)."""
-        return {
-            "aws_access_key_id": ACCESS_KEY,
-            "aws_secret_access_key": secret,
-            "aws_region": REGION,
-            "aws_endpoint": self.endpoint,
-            "allow_http": "true",
-        }
+        return storage_options(self.endpoint, secret)
 
     def environment(self) -> dict[str, str]:
         """``AWS_*`` variables that point boto/s3fs/pyarrow/lance at this server."""
