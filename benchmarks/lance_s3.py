@@ -11,7 +11,8 @@ configurations interleaved, ``--rounds`` rounds (default 3).
 Reported per shuffle setting and worker count, over the rounds (median and range):
 
 - rows/s S3/local: each round's S3 rows/s over the same round's local rows/s, rows/s
-  taken after the first batch (the workers' start-up and the table's opening are out);
+  taken after the first batch (the workers' start-up is out), and over the whole epoch
+  from the loader's first ``next`` (the reads that bring the first batch in);
 - bytes/table: the response bodies of every GET the server sent from after ``setup``
   to the epoch's end (counted on the server side) over the table's bytes;
 - GETs of object bytes in the epoch, their median size, and the reads in flight on the
@@ -156,6 +157,9 @@ def summary(runs: list[dict], table_bytes: int) -> dict:
                 "s3_over_local": _spread(
                     [b["after_first"] / a["after_first"] for a, b in zip(local, s3, strict=True)]
                 ),
+                "s3_over_local_whole_epoch": _spread(
+                    [b["rows_per_s"] / a["rows_per_s"] for a, b in zip(local, s3, strict=True)]
+                ),
                 "bytes_over_table": _spread([r["bytes"] / table_bytes for r in s3]),
                 "blocks_per_64": statistics.median(r["blocks_per_64"] for r in s3),
                 "gets": statistics.median(r["gets"] for r in s3),
@@ -167,14 +171,17 @@ def summary(runs: list[dict], table_bytes: int) -> dict:
 
 
 def report(figures: dict) -> None:
-    print(f"\n{'configuration':<37} {'local rows/s':>12} {'S3 rows/s':>10} {'S3/local (range)':>18}"
+    print(f"\n{'configuration':<37} {'local rows/s':>12} {'S3 rows/s':>10}"
+          f" {'S3/local (range)':>18} {'whole epoch':>18}"
           f" {'bytes/table':>11} {'blocks/64':>9} {'GETs':>7} {'GET KB':>7} {'in flight':>9}"
           f" {'RSS+ MB':>7}")  # fmt: skip
     for name, f in figures.items():
         ratio = f["s3_over_local"]
         spread = f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})"
+        whole = f["s3_over_local_whole_epoch"]
+        whole = f"{whole['median']:.2f} ({whole['min']:.2f}-{whole['max']:.2f})"
         print(f"{name:<37} {f['local_rows_per_s']['median']:>12.0f}"
-              f" {f['s3_rows_per_s']['median']:>10.0f} {spread:>18}"
+              f" {f['s3_rows_per_s']['median']:>10.0f} {spread:>18} {whole:>18}"
               f" {f['bytes_over_table']['median']:>11.2f} {f['blocks_per_64']:>9.1f}"
               f" {f['gets']:>7.0f} {f['median_get_kb']:>7.1f} {f['in_flight']:>9.1f}"
               f" {f['s3_peak_above_first_mb']:>7.0f}")  # fmt: skip
