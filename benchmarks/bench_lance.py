@@ -176,6 +176,10 @@ def main() -> None:
         "--latency-ms", type=float, default=20.0, help="--s3: wait of each request (0: none)"
     )
     parser.add_argument(
+        "--before", type=Path, metavar="CHECKOUT",
+        help="--s3: also read S3 with the code of this checkout, interleaved (see lance_s3.py)",
+    )  # fmt: skip
+    parser.add_argument(
         "--bandwidth-mb-s", type=float, help="--s3: cap on each response's MB/s (default none)"
     )
     parser.add_argument(
@@ -196,7 +200,8 @@ def main() -> None:
 
         kind, rows = ("heavy", args.heavy_rows or 25_000) if args.heavy else ("light", args.rows)
         figures = {"run": "s3", **lance_s3.main(kind, rows, args.batch_size, args.rounds,
-                                                args.latency_ms, args.bandwidth_mb_s)}  # fmt: skip
+                                                args.latency_ms, args.bandwidth_mb_s,
+                                                args.before)}  # fmt: skip
     elif args.heavy:
         import lance_heavy
 

@@ -102,8 +102,14 @@ def epoch(config: str, uri: str, endpoint: str, batch_size: int) -> dict:
 
 
 def main(kind: str, rows: int, batch_size: int, rounds: int, latency_ms: float,
-         bandwidth_mb_s: float | None) -> dict:  # fmt: skip
-    """Runs every configuration, prints the report, and returns its figures."""
+         bandwidth_mb_s: float | None, before: Path | None = None) -> dict:  # fmt: skip
+    """Runs every configuration, prints the report, and returns its figures.
+
+    ``before``: a checkout of this repository at an earlier commit; its S3 reads run
+    too (store ``s3-before``, its ``lance_s3.py`` and its package, this server),
+    interleaved with the others, and are reported as ``(before)`` next to the same
+    rounds' local figures.
+    """
     sys.path.insert(0, str(ROOT))
     from tests.s3_server import S3Server
 
@@ -126,19 +132,25 @@ def main(kind: str, rows: int, batch_size: int, rounds: int, latency_ms: float,
             print(f"{kind} table: {rows} rows, {table_bytes / 1e6:.1f} MB; batch {batch_size};"
                   f" S3 latency {latency_ms:g} ms, bandwidth cap {bandwidth_mb_s} MB/s",
                   flush=True)  # fmt: skip
+            stores = ("local", "s3", "s3-before") if before else ("local", "s3")
             configs = [f"{s}:{w}:{store}" for s in SETTINGS for w in (0, 2)
-                       for store in ("local", "s3")]  # fmt: skip
+                       for store in stores]  # fmt: skip
             runs = []
             for round_ in range(rounds):
                 runs.append({})
                 for config in configs:
-                    arguments = [__file__, config, str(local), server.endpoint, str(batch_size)]
+                    script, asked = __file__, config
+                    if config.endswith(":s3-before"):
+                        script = str(before / "benchmarks" / "lance_s3.py")
+                        asked = config.removesuffix("-before")
+                    arguments = [script, asked, str(local), server.endpoint, str(batch_size)]
                     runs[-1][config] = run_fresh(arguments, f"round {round_} {config:<34}")
     figures = summary(runs, table_bytes)
     report(figures)
     return {"table": kind, "rows": rows, "table_bytes": table_bytes, "batch_size": batch_size,
             "latency_ms": latency_ms, "bandwidth_mb_s": bandwidth_mb_s, "rounds": rounds,
-            "runs": runs, "figures": figures}  # fmt: skip
+            "before": str(before) if before else None, "runs": runs,
+            "figures": figures}  # fmt: skip
 
 
 def _spread(values: list[float]) -> dict:
@@ -147,31 +159,40 @@ def _spread(values: list[float]) -> dict:
 
 def summary(runs: list[dict], table_bytes: int) -> dict:
     figures = {}
+    stores = {"s3": ""}
+    if any(config.endswith(":s3-before") for config in runs[0]):
+        stores["s3-before"] = " (before)"
     for setting in SETTINGS:
         for workers in (0, 2):
-            local = [r[f"{setting}:{workers}:local"] for r in runs]
-            s3 = [r[f"{setting}:{workers}:s3"] for r in runs]
-            figures[f"{setting}, {workers} workers"] = {
-                "local_rows_per_s": _spread([r["after_first"] for r in local]),
-                "s3_rows_per_s": _spread([r["after_first"] for r in s3]),
-                "s3_over_local": _spread(
-                    [b["after_first"] / a["after_first"] for a, b in zip(local, s3, strict=True)]
-                ),
-                "s3_over_local_whole_epoch": _spread(
-                    [b["rows_per_s"] / a["rows_per_s"] for a, b in zip(local, s3, strict=True)]
-                ),
-                "bytes_over_table": _spread([r["bytes"] / table_bytes for r in s3]),
-                "blocks_per_64": statistics.median(r["blocks_per_64"] for r in s3),
-                "gets": statistics.median(r["gets"] for r in s3),
-                "median_get_kb": statistics.median(r["median_get_kb"] for r in s3),
-                "in_flight": statistics.median(r["in_flight"] for r in s3),
-                "s3_peak_above_first_mb": statistics.median(r["peak_above_first_mb"] for r in s3),
-            }
+            for store, suffix in stores.items():
+                local = [r[f"{setting}:{workers}:local"] for r in runs]
+                s3 = [r[f"{setting}:{workers}:{store}"] for r in runs]
+                figures[f"{setting}, {workers} workers{suffix}"] = {
+                    "local_rows_per_s": _spread([r["after_first"] for r in local]),
+                    "s3_rows_per_s": _spread([r["after_first"] for r in s3]),
+                    "s3_over_local": _spread(
+                        [
+                            b["after_first"] / a["after_first"]
+                            for a, b in zip(local, s3, strict=True)
+                        ]
+                    ),
+                    "s3_over_local_whole_epoch": _spread(
+                        [b["rows_per_s"] / a["rows_per_s"] for a, b in zip(local, s3, strict=True)]
+                    ),
+                    "bytes_over_table": _spread([r["bytes"] / table_bytes for r in s3]),
+                    "blocks_per_64": statistics.median(r["blocks_per_64"] for r in s3),
+                    "gets": statistics.median(r["gets"] for r in s3),
+                    "median_get_kb": statistics.median(r["median_get_kb"] for r in s3),
+                    "in_flight": statistics.median(r["in_flight"] for r in s3),
+                    "s3_peak_above_first_mb": statistics.median(
+                        r["peak_above_first_mb"] for r in s3
+                    ),
+                }
     return figures
 
 
 def report(figures: dict) -> None:
-    print(f"\n{'configuration':<37} {'local rows/s':>12} {'S3 rows/s':>10}"
+    print(f"\n{'configuration':<46} {'local rows/s':>12} {'S3 rows/s':>10}"
           f" {'S3/local (range)':>18} {'whole epoch':>18}"
           f" {'bytes/table':>11} {'blocks/64':>9} {'GETs':>7} {'GET KB':>7} {'in flight':>9}"
           f" {'RSS+ MB':>7}")  # fmt: skip
@@ -180,7 +201,7 @@ def report(figures: dict) -> None:
         spread = f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})"
         whole = f["s3_over_local_whole_epoch"]
         whole = f"{whole['median']:.2f} ({whole['min']:.2f}-{whole['max']:.2f})"
-        print(f"{name:<37} {f['local_rows_per_s']['median']:>12.0f}"
+        print(f"{name:<46} {f['local_rows_per_s']['median']:>12.0f}"
               f" {f['s3_rows_per_s']['median']:>10.0f} {spread:>18} {whole:>18}"
               f" {f['bytes_over_table']['median']:>11.2f} {f['blocks_per_64']:>9.1f}"
               f" {f['gets']:>7.0f} {f['median_get_kb']:>7.1f} {f['in_flight']:>9.1f}"
