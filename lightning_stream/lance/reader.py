@@ -51,7 +51,10 @@ LOCAL_PACE = ReadPace(io_threads=2, growth=4)
 # of a plan that cycles over 32 splits hold 32 runs each, so a read costs about the same
 # 30-40 GETs whatever its size. Fewer, larger reads (16x growth: the first batch's reads,
 # then full size) cut the GETs of an epoch of 200k light rows from 250 to 150, and four
-# in flight keep the store busy while lance decodes the ones that came back.
+# in flight keep the store busy while lance decodes the ones that came back. A third and
+# fourth read start only while those in flight hold less than ``READ_BYTES``: with two
+# full-size reads of 22 KB rows in flight, two more made an epoch from S3 1.6x slower
+# (lance's decoding of four at once on 2 cores).
 REMOTE_PACE = ReadPace(io_threads=4, growth=16)
 
 ReadRows = Callable[[np.ndarray], pa.Table]
@@ -177,6 +180,8 @@ class BudgetedReader:
                 while next_row < total and len(pending) < self.io_threads:
                     if self.row_bytes is None and pending:
                         return  # learn the row size before sizing more reads
+                    if len(pending) >= 2 and sum(e for _, e in pending) >= READ_BYTES:
+                        return  # more than two reads only while they are small: see ReadPace
                     rows = min(self._next_read_rows(), total - next_row)
                     estimate = int(rows * (self.row_bytes or 0))
                     if self.held and self.held + estimate > self.budget:
