@@ -19,15 +19,10 @@ Configurations (batch 256, 32 splits, shuffled):
   odd step); ``module-clump`` with ``shuffle_clump_size=1024``.
 - ``fit``: ``Trainer.fit`` for one epoch of a model whose ``training_step`` does nothing.
 
-    python benchmarks/bench_lance.py --s3   # 100k rows, local disk next to S3
+    python benchmarks/bench_lance.py --s3 [--heavy] [--latency-ms 20]
 
-``--s3`` starts an S3-protocol server on 127.0.0.1 (moto, ``tests/s3_server.py``), writes
-the same table to local disk and to a bucket, and reads one epoch of each with
-``LanceDataModule`` (0 workers) in this process, alternating, ``--rounds`` times, for
-three shuffles (rows, clumps of 4,096 rows, none). It reports the S3 rows/s over the
-local rows/s, and the bytes the server sent during the epoch (response bodies of every
-GET after setup, listings and manifests included, counted on the server side) over the
-table's bytes on S3.
+``--s3`` reads one table from local disk and from an S3-protocol server on 127.0.0.1
+whose every request waits ``--latency-ms`` (default 20): see ``lance_s3.py``.
 
 Reported: rows/s over the whole epoch and after the first batch, time to the first
 batch (from the loader's creation), peak RSS of the process tree (the process and its
@@ -43,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -144,65 +138,6 @@ def measure_fit(uri: str, batch_size: int) -> dict:
     return {"steady_rows_per_s": rates(stamps[0][0], stamps)["after_first"]}
 
 
-S3_CONFIGS = {
-    "shuffled rows (default)": {},
-    "shuffle_clump_size=4096": {"shuffle_clump_size": 4096},
-    "shuffle=False": {"shuffle": False},
-}
-
-
-def epoch_rows_per_s(uri: str, batch_size: int, settings: dict, s3=None) -> tuple[float, int]:
-    """rows/s of one epoch, and the bytes the S3 server sent for it (after setup)."""
-    dm = _module(uri, batch_size, storage_options=s3.storage_options() if s3 else None, **settings)
-    dm.setup("fit")
-    if s3:
-        s3.bytes_served(reset=True)
-    start = time.perf_counter()
-    rows = sum(len(batch["id"]) for batch in dm.train_dataloader())
-    elapsed = time.perf_counter() - start
-    return rows / elapsed, s3.bytes_served() if s3 else 0
-
-
-def compare_s3(rows: int, batch_size: int, rounds: int) -> dict:
-    """One epoch from local disk and from S3 (moto on 127.0.0.1), side by side."""
-    import pyarrow.fs as pafs
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from lightning_stream.storage import pyarrow_filesystem
-    from tests.s3_server import S3Server
-
-    with tempfile.TemporaryDirectory() as tmp, S3Server(Path(tmp) / "moto.log") as s3:
-        s3.create_bucket("bench")
-        local, remote = str(Path(tmp) / "db"), "s3://bench/db"
-        make_table(local, rows)
-        make_table(remote, rows, s3.storage_options())
-        fs, path = pyarrow_filesystem(remote, s3.storage_options())
-        table_bytes = sum(
-            f.size for f in fs.get_file_info(pafs.FileSelector(path, recursive=True)) if f.size
-        )
-        print(f"table: {rows} rows, {table_bytes} bytes on S3; batch {batch_size}, 0 workers")
-        print(f"{'configuration':<26} {'local rows/s':>12} {'S3 rows/s':>10} {'S3/local':>8}"
-              f" {'S3 bytes/table':>14}")  # fmt: skip
-        figures = {"rows": rows, "batch_size": batch_size, "table_bytes": table_bytes}
-        for name, settings in S3_CONFIGS.items():
-            local_rate = s3_rate = 0.0
-            served = []
-            for _ in range(rounds):
-                local_rate = max(local_rate, epoch_rows_per_s(local, batch_size, settings)[0])
-                rate, sent = epoch_rows_per_s(remote, batch_size, settings, s3)
-                s3_rate = max(s3_rate, rate)
-                served.append(sent)
-            print(f"{name:<26} {local_rate:>12.0f} {s3_rate:>10.0f} {s3_rate / local_rate:>8.2f}"
-                  f" {min(served) / table_bytes:>14.2f}", flush=True)  # fmt: skip
-            figures[name] = {
-                "local_rows_per_s": local_rate,
-                "s3_rows_per_s": s3_rate,
-                "s3_over_local": s3_rate / local_rate,
-                "s3_bytes_over_table": min(served) / table_bytes,
-            }
-    return figures
-
-
 def run_one(config: str, uri: str, batch_size: int) -> None:
     import lightning.pytorch  # noqa: F401  (a training process has Lightning imported)
 
@@ -226,13 +161,27 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument(
-        "--rounds", type=int, help="rounds of each timed configuration (default 2; --heavy: 3)"
+        "--rounds",
+        type=int,
+        help="rounds of each timed configuration (default 2; --heavy, --s3: 3)",
     )
     parser.add_argument(
         "--heavy", action="store_true", help="memory and speed on a >= 1 GB table of heavy rows"
     )
-    parser.add_argument("--heavy-rows", type=int, default=50_000)
+    parser.add_argument(
+        "--heavy-rows", type=int, help="rows of the heavy table (default 50,000; --s3: 25,000)"
+    )
     parser.add_argument("--s3", action="store_true", help="local disk next to S3 (moto)")
+    parser.add_argument(
+        "--latency-ms", type=float, default=20.0, help="--s3: wait of each request (0: none)"
+    )
+    parser.add_argument(
+        "--before", type=Path, metavar="CHECKOUT",
+        help="--s3: also read S3 with the code of this checkout, interleaved (see lance_s3.py)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--bandwidth-mb-s", type=float, help="--s3: cap on each response's MB/s (default none)"
+    )
     parser.add_argument(
         "--json", type=Path, metavar="PATH", help="also write the reported figures to PATH"
     )
@@ -240,19 +189,25 @@ def main() -> None:
     parser.add_argument("--uri", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rounds is None:
-        args.rounds = 3 if args.heavy else 2
+        args.rounds = 3 if args.heavy or args.s3 else 2
     elif args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if args.one:
         run_one(args.one, args.uri, args.batch_size)
         return
     if args.s3:
-        figures = {"run": "s3", **compare_s3(min(args.rows, 100_000), args.batch_size, args.rounds)}
+        import lance_s3
+
+        kind, rows = ("heavy", args.heavy_rows or 25_000) if args.heavy else ("light", args.rows)
+        figures = {"run": "s3", **lance_s3.main(kind, rows, args.batch_size, args.rounds,
+                                                args.latency_ms, args.bandwidth_mb_s,
+                                                args.before)}  # fmt: skip
     elif args.heavy:
         import lance_heavy
 
+        rows = args.heavy_rows or 50_000
         with tempfile.TemporaryDirectory() as tmp:
-            figures = {"run": "heavy", **lance_heavy.main(args.heavy_rows, Path(tmp), args.rounds)}
+            figures = {"run": "heavy", **lance_heavy.main(rows, Path(tmp), args.rounds)}
     else:
         figures = {"run": "light", **light(args.rows, args.batch_size, args.rounds)}
     if args.json:

@@ -1,17 +1,42 @@
 """A real S3-protocol server on 127.0.0.1 (moto's server mode) for tests and benchmarks.
 
-``python tests/s3_server.py PORT`` serves moto's S3 with one addition: it counts the
-response body bytes of every GET (object reads, range reads and listings alike) and
-reports the total at ``GET /_bytes_served`` (``DELETE`` resets it), so a benchmark can
-measure what a reader fetched on the server side; ``GET /_whole_gets`` lists the objects
-read by a GET without a ``Range`` header (whole objects, not range reads).
+``python tests/s3_server.py PORT [--latency-ms MS] [--bandwidth-mb-s MB]`` serves moto's
+S3 with these additions:
+
+- Latency: every S3 request waits ``--latency-ms`` before its first byte (a real object
+  store answers a range GET after 10-100 ms; ``LATENCY_MS``, 20, is the figure tests and
+  benchmarks use; 0: none). ``--bandwidth-mb-s`` caps each response body's rate (one
+  connection serves one request at a time, so it is a per-connection cap).
+- Counting: the response body bytes of every GET (object reads, range reads and listings
+  alike) are totalled at ``GET /_bytes_served`` (``DELETE`` resets it and the request
+  log), so a benchmark measures what a reader fetched on the server side;
+  ``GET /_whole_gets`` lists the objects read by a GET without a ``Range`` header;
+  ``GET /_requests`` gives, as JSON, ``[start_s, duration_s, body_bytes]`` of every
+  object GET since the last reset (times from the server's monotonic clock), from which
+  the reads in flight and their sizes follow.
+
+A range GET of one byte range is answered here from moto's stored object, reading only
+that range (``_range_reply``): moto itself copies the whole object twice for every range
+read, under the object's lock, so reading a 44 MB data file 100 KB at a time cost it
+tens of ms of CPU per request, one request at a time per file, on the same cores as the
+reader: a cost no object store charges. Every other request (listings, HEAD, PUT,
+whole-object GETs, and every request when ``check_credentials``) goes to moto.
+
+The waits are served concurrently: werkzeug's server runs with ``threaded=True`` (a
+thread per connection), and a wait is a ``time.sleep`` in that connection's thread, so
+it holds up no other request. That keeps one process and one hop (a proxy in front of
+moto would copy every body once more through another process on the same 2 cores) and
+the counting stays where it was, in the WSGI layer.
+
 :class:`S3Server` starts it as a subprocess in its own process group and kills the group
 on :meth:`S3Server.stop`.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -28,6 +53,9 @@ SECRET_KEY = "lightning-stream-test-secret"
 REGION = "us-east-1"
 BYTES_PATH = "/_bytes_served"
 WHOLE_GETS_PATH = "/_whole_gets"
+REQUESTS_PATH = "/_requests"
+LATENCY_MS = 20.0  # the per-request latency tests and benchmarks ask for
+PACE_BYTES = 64 * 2**10  # a capped body is sent in pieces of this size
 
 
 def free_port() -> int:
@@ -36,18 +64,54 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def storage_options(endpoint: str, secret: str = SECRET_KEY) -> dict[str, str]:
+    """lancedb-style options for the server at ``endpoint`` (``secret`` as the secret key)."""
+    return {
+        "aws_access_key_id": ACCESS_KEY,
+        "aws_secret_access_key": secret,
+        "aws_region": REGION,
+        "aws_endpoint": endpoint,
+        "allow_http": "true",
+    }
+
+
+def bytes_served(endpoint: str, reset: bool = False) -> int:
+    """Response body bytes of every GET the server at ``endpoint`` sent; ``reset``: then
+    start the count (and the request log) again from zero."""
+    request = urllib.request.Request(endpoint + BYTES_PATH, method="DELETE" if reset else "GET")
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return int(response.read())
+
+
+def requests_served(endpoint: str) -> list[tuple[float, float, int]]:
+    """``(start_s, duration_s, body_bytes)`` of every object GET since the last reset."""
+    with urllib.request.urlopen(endpoint + REQUESTS_PATH, timeout=30) as response:
+        return [tuple(r) for r in json.loads(response.read())]
+
+
 class S3Server:
-    """A moto S3 server subprocess; ``with S3Server() as s3:`` starts and kills it."""
+    """A moto S3 server subprocess; ``with S3Server() as s3:`` starts and kills it.
+
+    Args:
+        log: file the server's output is appended to (default: discarded).
+        startup_timeout: seconds to wait for it to answer.
+        check_credentials: moto then refuses every request whose access key its IAM does
+            not hold (``INITIAL_NO_AUTH_ACTION_COUNT=0``), i.e. all of them here.
+        latency_ms: wait of every S3 request before its first byte (0: none).
+        bandwidth_mb_s: cap on each response body's rate, in 10^6 bytes/s (None: none).
+    """
 
     def __init__(
         self,
         log: Path | None = None,
         startup_timeout: float = 60.0,
         check_credentials: bool = False,
+        latency_ms: float = 0.0,
+        bandwidth_mb_s: float | None = None,
     ) -> None:
-        """``check_credentials``: moto then refuses every request whose access key its
-        IAM does not hold (``INITIAL_NO_AUTH_ACTION_COUNT=0``), i.e. all of them here."""
         self.check_credentials = check_credentials
+        self.latency_ms = latency_ms
+        self.bandwidth_mb_s = bandwidth_mb_s
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -56,13 +120,7 @@ class S3Server:
 
     def storage_options(self, secret: str = SECRET_KEY) -> dict[str, str]:
         """lancedb-style options for this server (``secret`` as the secret key)."""
-        return {
-            "aws_access_key_id": ACCESS_KEY,
-            "aws_secret_access_key": secret,
-            "aws_region": REGION,
-            "aws_endpoint": self.endpoint,
-            "allow_http": "true",
-        }
+        return storage_options(self.endpoint, secret)
 
     def environment(self) -> dict[str, str]:
         """``AWS_*`` variables that point boto/s3fs/pyarrow/lance at this server."""
@@ -80,10 +138,12 @@ class S3Server:
         env = dict(os.environ)
         if self.check_credentials:
             env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
+        command = [sys.executable, __file__, str(self.port), "--latency-ms", str(self.latency_ms)]
+        if self.bandwidth_mb_s is not None:
+            command += ["--bandwidth-mb-s", str(self.bandwidth_mb_s)]
         self.process = subprocess.Popen(
-            [sys.executable, __file__, str(self.port)],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env,
-        )  # fmt: skip
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -111,11 +171,10 @@ class S3Server:
         self.stop()
 
     def bytes_served(self, reset: bool = False) -> int:
-        request = urllib.request.Request(
-            self.endpoint + BYTES_PATH, method="DELETE" if reset else "GET"
-        )
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return int(response.read())
+        return bytes_served(self.endpoint, reset)
+
+    def requests(self) -> list[tuple[float, float, int]]:
+        return requests_served(self.endpoint)
 
     def whole_object_gets(self) -> list[str]:
         """Paths of the objects read whole (a GET without ``Range``) since the start."""
@@ -144,7 +203,56 @@ class S3Server:
         pafs.copy_files(str(local), url.removeprefix("s3://"), destination_filesystem=s3)
 
 
-def _serve(port: int) -> None:
+def _paced(chunks: list[bytes], bytes_per_s: float):
+    """``chunks`` re-cut into pieces, sent no faster than ``bytes_per_s``."""
+    start, sent = time.monotonic(), 0
+    for chunk in chunks:
+        for offset in range(0, len(chunk), PACE_BYTES):
+            piece = chunk[offset : offset + PACE_BYTES]
+            sent += len(piece)
+            ahead = start + sent / bytes_per_s - time.monotonic()
+            if ahead > 0:
+                time.sleep(ahead)
+            yield piece
+
+
+def _range_reply(path: str, header: str) -> tuple[list[tuple[str, str]], bytes] | None:
+    """Headers and body of a range GET of ``path`` (``/bucket/key``), read from moto's
+    stored object; ``None`` for anything but one satisfiable range of an existing object
+    (moto then answers it, errors included)."""
+    from urllib.parse import unquote
+
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.s3.models import s3_backends
+
+    unit, _, spec = header.partition("=")
+    first, _, last = spec.partition("-")
+    if unit.strip() != "bytes" or "," in spec or not first.isdigit():
+        return None
+    bucket, _, name = unquote(path).lstrip("/").partition("/")
+    try:
+        key = s3_backends[DEFAULT_ACCOUNT_ID]["aws"].get_object(bucket, name)
+    except Exception:
+        return None
+    if key is None or int(first) >= key.size:
+        return None
+    start = int(first)
+    end = min(int(last), key.size - 1) if last.isdigit() else key.size - 1
+    with key.lock:
+        key._value_buffer.seek(start)
+        body = key._value_buffer.read(end - start + 1)
+    headers = [
+        ("Content-Type", "binary/octet-stream"),
+        ("Content-Length", str(len(body))),
+        ("Content-Range", f"bytes {start}-{end}/{key.size}"),
+        ("Accept-Ranges", "bytes"),
+        ("ETag", key.etag),
+        ("Last-Modified", key.last_modified_RFC1123),
+    ]
+    return headers, body
+
+
+def _serve(port: int, latency_ms: float, bandwidth_mb_s: float | None, fast_ranges: bool) -> None:
     from moto.moto_server.werkzeug_app import (
         DomainDispatcherApplication,
         MotoRequestHandler,
@@ -155,31 +263,65 @@ def _serve(port: int) -> None:
     app = DomainDispatcherApplication(create_backend_app)
     served = [0]
     whole: list[str] = []
+    log: list[tuple[float, float, int]] = []
     lock = threading.Lock()
+
+    def text(start_response, body: str):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [body.encode()]
 
     def counting(environ, start_response):
         path = environ.get("PATH_INFO", "")
         if path == WHOLE_GETS_PATH:
-            start_response("200 OK", [("Content-Type", "text/plain")])
-            return ["\n".join(whole).encode()]
+            return text(start_response, "\n".join(whole))
+        if path == REQUESTS_PATH:
+            with lock:
+                return text(start_response, json.dumps(log))
         if path == BYTES_PATH:
             if environ["REQUEST_METHOD"] == "DELETE":
                 with lock:
                     served[0] = 0
-            start_response("200 OK", [("Content-Type", "text/plain")])
-            return [str(served[0]).encode()]
-        body = app(environ, start_response)
+                    log.clear()
+            return text(start_response, str(served[0]))
+        start = time.monotonic()
+        if latency_ms > 0:
+            time.sleep(latency_ms / 1000)  # this connection's thread only
+        reply = None
+        if fast_ranges and environ["REQUEST_METHOD"] == "GET" and "HTTP_RANGE" in environ:
+            reply = _range_reply(path, environ["HTTP_RANGE"])
+        if reply is not None:
+            start_response("206 Partial Content", reply[0])
+            body = [reply[1]]
+        else:
+            body = app(environ, start_response)
         if environ["REQUEST_METHOD"] != "GET":
             return body
         chunks = list(body)
+        size = sum(len(chunk) for chunk in chunks)
         with lock:
-            served[0] += sum(len(chunk) for chunk in chunks)
+            served[0] += size
             if "HTTP_RANGE" not in environ and not environ.get("QUERY_STRING"):
                 whole.append(path)
+        if bandwidth_mb_s is not None:
+            chunks = _paced(chunks, bandwidth_mb_s * 1e6)
+        if "/" in path.strip("/"):  # /bucket/key: an object, not a listing
+            return _logged(chunks, start, size)
         return chunks
+
+    def _logged(chunks, start: float, size: int):
+        yield from chunks
+        with lock:
+            log.append((start, time.monotonic() - start, size))
 
     run_simple("127.0.0.1", port, counting, threaded=True, request_handler=MotoRequestHandler)
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("port", type=int)
+    parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument("--bandwidth-mb-s", type=float)
+    args = parser.parse_args()
+    # moto checks credentials when this is set: it then answers every request itself
+    checking = "INITIAL_NO_AUTH_ACTION_COUNT" in os.environ
+    _serve(args.port, args.latency_ms, args.bandwidth_mb_s, fast_ranges=not checking)

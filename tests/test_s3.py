@@ -1,4 +1,8 @@
-"""Tables, videos and checkpoints on a real S3-protocol server (moto) on 127.0.0.1."""
+"""Tables, videos and checkpoints on a real S3-protocol server (moto) on 127.0.0.1.
+
+The server answers every request after ``LATENCY_MS`` (20 ms), as a real object store
+does after 10-100 ms, so reads that wait on one another show up here as slow tests and
+a reader that mishandles slow answers as a failing one."""
 
 import collections
 import io
@@ -6,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -14,12 +19,12 @@ import torch
 from lightning_stream import LanceDataModule, cli, ledger
 from lightning_stream.demo import make_table
 from lightning_stream.inspect import render
-from lightning_stream.storage import StorageError, fsspec_options
+from lightning_stream.storage import StorageError, fsspec_options, pyarrow_filesystem
 from lightning_stream.video.datamodule import VideoEpisodeDataModule
 from lightning_stream.video.synthetic import write_dataset
 
 from .conftest import ENV, ROOT, ROWS, assert_exact, train_command
-from .s3_server import S3Server, free_port
+from .s3_server import LATENCY_MS, S3Server, free_port, requests_served
 from .test_video_datamodule import LENGTHS
 
 BUCKET = "lightning-stream"
@@ -30,11 +35,32 @@ FRONT = "observation.images.front"
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    server = S3Server(log=tmp_path_factory.mktemp("s3") / "moto.log")
+    server = S3Server(log=tmp_path_factory.mktemp("s3") / "moto.log", latency_ms=LATENCY_MS)
     with server:
         server.create_bucket(BUCKET)
         make_table(TABLE, ROWS, storage_options=server.storage_options())
         yield server
+
+
+def test_the_server_waits_before_each_answer_without_holding_up_the_others(s3):
+    """8 range reads at once take about one latency, not eight; each is logged."""
+    fs, path = pyarrow_filesystem(f"s3://{BUCKET}/latency-probe", s3.storage_options())
+    with fs.open_output_stream(path) as out:
+        out.write(b"x" * 4096)
+    probe = fs.open_input_file(path)
+    s3.bytes_served(reset=True)
+    start = time.monotonic()
+    threads = [threading.Thread(target=probe.read_at, args=(512, 512 * i)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.monotonic() - start
+    assert LATENCY_MS / 1000 <= elapsed < 4 * LATENCY_MS / 1000, elapsed
+    logged = requests_served(s3.endpoint)
+    assert [size for _, _, size in logged] == [512] * 8
+    assert all(duration >= LATENCY_MS / 1000 for _, duration, _ in logged)
+    assert s3.bytes_served() == 8 * 512
 
 
 def epoch_ids(dm):

@@ -1,7 +1,8 @@
 """Rows of a LanceDB table read in a given order, with the bytes held bounded by a budget.
 
 A reading process (the main process, or one reading worker) reads its rows in the
-order the plan gives, a few reads in flight on threads (lance's reads release the GIL).
+order the plan gives, a few reads in flight on threads (lance's reads release the GIL),
+at a :class:`ReadPace` that depends on where the table is (local disk or object store).
 Everything it holds that training has not taken yet (reads in flight, at their estimated
 size, and rows read but not yet handed out as batches) counts against its byte budget:
 a read is only started when it fits. The row size is learnt from a first small read.
@@ -19,19 +20,42 @@ import lancedb
 import numpy as np
 import pyarrow as pa
 
-# Reads that run while the main process works on the table before them. A reading
-# worker runs one: the rank's workers together then run as many lance reads (and hold
-# what each holds while it runs) as the main process does without workers.
-IO_THREADS = 2
 FIRST_READ_ROWS = 16
-# Reads grow 4x from one to the next up to this size: small first reads bring the first
+# Reads grow from one to the next up to this size: small first reads bring the first
 # batch early, large ones read each storage page once (on an object store, reads of a few
 # hundred light rows fetched every page several times over) and cost lance less CPU per
 # row (scattered 22 KB rows: 1,500-row reads took about 0.6x the CPU of 380-row ones).
 # While a read runs lance holds several times its size: 16 MiB keeps a reading process's
 # memory flat through an epoch (32 MiB was faster but grew 0.25 GB and kept creeping).
 READ_BYTES = 16 * 2**20
-GROWTH = 4
+
+
+@dataclass(frozen=True)
+class ReadPace:
+    """Reads in flight at once in one reading process, and the factor each read's size
+    grows by over the one before (up to ``READ_BYTES``)."""
+
+    io_threads: int
+    growth: int
+
+    def for_workers(self) -> ReadPace:
+        """The pace of each reading worker: the rank's workers together run about as
+        many reads as its main process does alone (and hold what each holds)."""
+        return ReadPace(max(1, self.io_threads // 2), self.growth)
+
+
+# Local disk: two reads, one running while the main process works on the one before.
+LOCAL_PACE = ReadPace(io_threads=2, growth=4)
+# Object store (``bench_lance.py --s3``, 20 ms a request): every read waits a round trip
+# and its pages arrive as at least one GET per column and contiguous run of rows; reads
+# of a plan that cycles over 32 splits hold 32 runs each, so a read costs about the same
+# 30-40 GETs whatever its size. Fewer, larger reads (16x growth: the first batch's reads,
+# then full size) cut the GETs of an epoch of 200k light rows from 250 to 150, and four
+# in flight keep the store busy while lance decodes the ones that came back. A third and
+# fourth read start only while those in flight hold less than ``READ_BYTES``: with two
+# full-size reads of 22 KB rows in flight, two more made an epoch from S3 1.6x slower
+# (lance's decoding of four at once on 2 cores).
+REMOTE_PACE = ReadPace(io_threads=4, growth=16)
 
 ReadRows = Callable[[np.ndarray], pa.Table]
 
@@ -107,7 +131,7 @@ class BudgetedReader:
             still served.
         counters: shared counters, updated under ``reader``'s row.
         reader: this reader's row in ``counters``.
-        io_threads: reads in flight at once (default ``IO_THREADS``).
+        pace: reads in flight at once, and how fast their size grows.
     """
 
     def __init__(
@@ -117,10 +141,11 @@ class BudgetedReader:
         budget: int,
         counters: ReadCounters,
         reader: int,
-        io_threads: int = IO_THREADS,
+        pace: ReadPace = LOCAL_PACE,
     ) -> None:
         self.read = read
-        self.io_threads = io_threads
+        self.io_threads = pace.io_threads
+        self.growth = pace.growth
         self.row_ids = row_ids
         self.budget = budget
         self.counters = counters
@@ -139,7 +164,7 @@ class BudgetedReader:
         else:
             read_bytes = min(READ_BYTES, self.budget // (self.io_threads + 1))
             fits = max(1, int(read_bytes // max(1.0, self.row_bytes)))
-            self.read_rows = min(self.read_rows * GROWTH, fits)
+            self.read_rows = min(self.read_rows * self.growth, fits)
         return self.read_rows
 
     def tables(self) -> Iterator[pa.Table]:
@@ -155,6 +180,8 @@ class BudgetedReader:
                 while next_row < total and len(pending) < self.io_threads:
                     if self.row_bytes is None and pending:
                         return  # learn the row size before sizing more reads
+                    if len(pending) >= 2 and sum(e for _, e in pending) >= READ_BYTES:
+                        return  # more than two reads only while they are small: see ReadPace
                     rows = min(self._next_read_rows(), total - next_row)
                     estimate = int(rows * (self.row_bytes or 0))
                     if self.held and self.held + estimate > self.budget:

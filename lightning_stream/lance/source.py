@@ -14,10 +14,10 @@ from lancedb.streaming import StreamingDataset
 
 from lightning_stream.batching import Batch
 from lightning_stream.lance.columns import BatchMaker, ColumnTypes
-from lightning_stream.lance.reader import IO_THREADS, ReadCounters, TableOpener
+from lightning_stream.lance.reader import LOCAL_PACE, REMOTE_PACE, ReadCounters, TableOpener
 from lightning_stream.lance.task import ReadJob, ReadTask, cut
 from lightning_stream.plan import RankEpochPlan
-from lightning_stream.storage import storage_error
+from lightning_stream.storage import is_remote, storage_error
 from lightning_stream.workers.pool import WorkerDied, WorkerPool
 from lightning_stream.workers.slots import SLOTS
 
@@ -107,6 +107,7 @@ class LanceSource:
         self.read_ahead_bytes = read_ahead_bytes
         self.read_counters = ReadCounters(1 + num_workers)
         self.storage_options = storage_options
+        self.pace = REMOTE_PACE if is_remote(uri) else LOCAL_PACE
         self.pool: WorkerPool | None = None
         self._open(version)
 
@@ -182,7 +183,7 @@ class LanceSource:
 
     def read_here(self, row_ids: np.ndarray, sizes: list[int]) -> Iterator[Any]:
         """``row_ids`` read in this process, in order, as Arrow tables of ``sizes`` rows."""
-        task = ReadTask(self.opener, self.columns, self.read_ahead_bytes, IO_THREADS)
+        task = ReadTask(self.opener, self.columns, self.read_ahead_bytes, self.pace)
         reader = task.reader_of(self.table, self.read_counters, 0)
         return task.run(reader, ReadJob(row_ids, sizes, self.opener))
 
@@ -247,7 +248,8 @@ class LanceSource:
             self.stop_workers()
             share = self.read_ahead_bytes // workers
             slot_bytes = share // (4 * SLOTS)
-            task = ReadTask(self.opener, self.columns, share - SLOTS * slot_bytes, io_threads=1)
+            budget = share - SLOTS * slot_bytes
+            task = ReadTask(self.opener, self.columns, budget, self.pace.for_workers())
             self.pool = WorkerPool(task, workers, slot_bytes, name="lance-reader")
         return self.pool
 

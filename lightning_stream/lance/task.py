@@ -23,6 +23,7 @@ import pyarrow as pa
 from lightning_stream.lance.reader import (
     BudgetedReader,
     ReadCounters,
+    ReadPace,
     TableOpener,
     take_rows,
 )
@@ -58,13 +59,12 @@ class _Reader:
 
 @dataclass(frozen=True)
 class ReadTask:
-    """Reads of one table's ``columns`` holding at most ``budget`` bytes, ``io_threads``
-    reads in flight."""
+    """Reads of one table's ``columns`` holding at most ``budget`` bytes, at ``pace``."""
 
     opener: TableOpener
     columns: list[str] | None
     budget: int
-    io_threads: int
+    pace: ReadPace
 
     def open(self, worker: int) -> _Reader:
         return _Reader(self.opener, self.opener(), ReadCounters(1), 0)
@@ -82,7 +82,7 @@ class ReadTask:
             self.budget,
             state.counters,
             state.row,
-            self.io_threads,
+            self.pace,
         )
         tables = reader.batches(job.sizes)
         try:

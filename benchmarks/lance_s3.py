@@ -1,0 +1,215 @@
+"""``bench_lance.py --s3``: one table on local disk and on an S3 server with latency.
+
+The table (light: ``--rows`` rows of 16 floats, a label and an id; ``--heavy``:
+``--heavy-rows`` rows of about 22 KB, see ``lance_heavy.py``) is written once to local
+disk and uploaded as it is to a bucket of ``tests/s3_server.py`` (moto on 127.0.0.1,
+every request answered after ``--latency-ms``, default 20; a body's rate capped by
+``--bandwidth-mb-s``). Each configuration (a shuffle setting, 0 or 2 workers, local or
+S3) reads one epoch with ``LanceDataModule`` (32 splits) in a fresh process, the
+configurations interleaved, ``--rounds`` rounds (default 3).
+
+Reported per shuffle setting and worker count, over the rounds (median and range):
+
+- rows/s S3/local: each round's S3 rows/s over the same round's local rows/s, rows/s
+  taken after the first batch (the workers' start-up is out), and over the whole epoch
+  from the loader's first ``next`` (the reads that bring the first batch in);
+- bytes/table: the response bodies of every GET the server sent from after ``setup``
+  to the epoch's end (counted on the server side) over the table's bytes;
+- GETs of object bytes in the epoch, their median size, and the reads in flight on the
+  server on average (the GETs' summed durations, latency included, over the epoch);
+- blocks/64: the mixing figure, the mean count of distinct 1,024-row storage blocks
+  among 64 consecutive rows as the batches deliver them. A row's storage block is its
+  ``id // 1024``: both tables are written with ``id`` counting up in storage order
+  (row offset in the table), so the ids the batches carry give the blocks.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from fresh import run_fresh
+from measure import PeakRss, rates
+
+ROOT = Path(__file__).resolve().parents[1]
+NUM_SPLITS = 32
+BLOCK_ROWS = 1024
+MIX_ROWS = 64
+SETTINGS = {
+    "shuffled rows (default)": {},
+    "shuffle_clump_size=4096": {"shuffle_clump_size": 4096},
+    "shuffle=False": {"shuffle": False},
+}
+TABLES = {"db": "bench", "heavy": "heavy"}  # directory: table name
+
+
+def blocks_per_rows(ids, rows: int = MIX_ROWS, block: int = BLOCK_ROWS) -> float:
+    """Mean count of distinct ``block``-row storage blocks among each ``rows`` ids in a row."""
+    import numpy as np
+
+    ids = np.asarray(ids, dtype=np.int64)
+    groups = [ids[i : i + rows] // block for i in range(0, len(ids) - rows + 1, rows)]
+    return float(np.mean([len(np.unique(g)) for g in groups]))
+
+
+def epoch(config: str, uri: str, endpoint: str, batch_size: int) -> dict:
+    """One epoch of configuration ``setting:workers:store``, in this (fresh) process."""
+    sys.path.insert(0, str(ROOT))
+    from lightning_stream import LanceDataModule
+    from tests.s3_server import bytes_served, requests_served, storage_options
+
+    setting, workers, store = config.split(":")
+    name = TABLES[Path(uri).name]
+    options = None
+    if store == "s3":
+        options = storage_options(endpoint)
+        uri = f"s3://bench/{Path(uri).name}"
+    dm = LanceDataModule(
+        uri, name, num_splits=NUM_SPLITS, batch_size=batch_size, num_workers=int(workers),
+        storage_options=options, **SETTINGS[setting],
+    )  # fmt: skip
+    with PeakRss() as rss:
+        dm.setup("fit")
+        if options:
+            bytes_served(endpoint, reset=True)
+        start = time.perf_counter()
+        stamps, ids = [], []
+        for batch in dm.train_dataloader():
+            if not stamps:
+                first_rss = rss.peak
+            stamps.append((time.perf_counter(), len(batch["id"])))
+            ids.extend(batch["id"].tolist())
+        elapsed = time.perf_counter() - start
+    result = {
+        **rates(start, stamps),
+        "first_batch_s": stamps[0][0] - start,
+        "rows": len(ids),
+        "blocks_per_64": blocks_per_rows(ids),
+        "peak_rss_mb": rss.peak,
+        "peak_above_first_mb": rss.peak - first_rss,
+    }
+    if options:
+        gets = requests_served(endpoint)
+        result["bytes"] = bytes_served(endpoint)
+        result["gets"] = len(gets)
+        result["median_get_kb"] = statistics.median(g[2] for g in gets) / 1024 if gets else 0
+        result["in_flight"] = sum(g[1] for g in gets) / elapsed
+    dm.teardown("fit")
+    return result
+
+
+def main(kind: str, rows: int, batch_size: int, rounds: int, latency_ms: float,
+         bandwidth_mb_s: float | None, before: Path | None = None) -> dict:  # fmt: skip
+    """Runs every configuration, prints the report, and returns its figures.
+
+    ``before``: a checkout of this repository at an earlier commit; its S3 reads run
+    too (store ``s3-before``, its ``lance_s3.py`` and its package, this server),
+    interleaved with the others, and are reported as ``(before)`` next to the same
+    rounds' local figures.
+    """
+    sys.path.insert(0, str(ROOT))
+    from tests.s3_server import S3Server
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / ("heavy" if kind == "heavy" else "db")
+        if kind == "heavy":
+            from lightning_stream.lance.synthetic import make_heavy_table
+
+            make_heavy_table(str(local), rows)
+        else:
+            from bench_lance import make_table
+
+            make_table(str(local), rows)
+        table_bytes = sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
+        server = S3Server(Path(tmp) / "moto.log", latency_ms=latency_ms,
+                          bandwidth_mb_s=bandwidth_mb_s)  # fmt: skip
+        with server:
+            server.create_bucket("bench")
+            server.upload(local, f"s3://bench/{local.name}")
+            print(f"{kind} table: {rows} rows, {table_bytes / 1e6:.1f} MB; batch {batch_size};"
+                  f" S3 latency {latency_ms:g} ms, bandwidth cap {bandwidth_mb_s} MB/s",
+                  flush=True)  # fmt: skip
+            stores = ("local", "s3", "s3-before") if before else ("local", "s3")
+            configs = [f"{s}:{w}:{store}" for s in SETTINGS for w in (0, 2)
+                       for store in stores]  # fmt: skip
+            runs = []
+            for round_ in range(rounds):
+                runs.append({})
+                for config in configs:
+                    script, asked = __file__, config
+                    if config.endswith(":s3-before"):
+                        script = str(before / "benchmarks" / "lance_s3.py")
+                        asked = config.removesuffix("-before")
+                    arguments = [script, asked, str(local), server.endpoint, str(batch_size)]
+                    runs[-1][config] = run_fresh(arguments, f"round {round_} {config:<34}")
+    figures = summary(runs, table_bytes)
+    report(figures)
+    return {"table": kind, "rows": rows, "table_bytes": table_bytes, "batch_size": batch_size,
+            "latency_ms": latency_ms, "bandwidth_mb_s": bandwidth_mb_s, "rounds": rounds,
+            "before": str(before) if before else None, "runs": runs,
+            "figures": figures}  # fmt: skip
+
+
+def _spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def summary(runs: list[dict], table_bytes: int) -> dict:
+    figures = {}
+    stores = {"s3": ""}
+    if any(config.endswith(":s3-before") for config in runs[0]):
+        stores["s3-before"] = " (before)"
+    for setting in SETTINGS:
+        for workers in (0, 2):
+            for store, suffix in stores.items():
+                local = [r[f"{setting}:{workers}:local"] for r in runs]
+                s3 = [r[f"{setting}:{workers}:{store}"] for r in runs]
+                figures[f"{setting}, {workers} workers{suffix}"] = {
+                    "local_rows_per_s": _spread([r["after_first"] for r in local]),
+                    "s3_rows_per_s": _spread([r["after_first"] for r in s3]),
+                    "s3_over_local": _spread(
+                        [
+                            b["after_first"] / a["after_first"]
+                            for a, b in zip(local, s3, strict=True)
+                        ]
+                    ),
+                    "s3_over_local_whole_epoch": _spread(
+                        [b["rows_per_s"] / a["rows_per_s"] for a, b in zip(local, s3, strict=True)]
+                    ),
+                    "bytes_over_table": _spread([r["bytes"] / table_bytes for r in s3]),
+                    "blocks_per_64": statistics.median(r["blocks_per_64"] for r in s3),
+                    "gets": statistics.median(r["gets"] for r in s3),
+                    "median_get_kb": statistics.median(r["median_get_kb"] for r in s3),
+                    "in_flight": statistics.median(r["in_flight"] for r in s3),
+                    "s3_peak_above_first_mb": statistics.median(
+                        r["peak_above_first_mb"] for r in s3
+                    ),
+                }
+    return figures
+
+
+def report(figures: dict) -> None:
+    print(f"\n{'configuration':<46} {'local rows/s':>12} {'S3 rows/s':>10}"
+          f" {'S3/local (range)':>18} {'whole epoch':>18}"
+          f" {'bytes/table':>11} {'blocks/64':>9} {'GETs':>7} {'GET KB':>7} {'in flight':>9}"
+          f" {'RSS+ MB':>7}")  # fmt: skip
+    for name, f in figures.items():
+        ratio = f["s3_over_local"]
+        spread = f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})"
+        whole = f["s3_over_local_whole_epoch"]
+        whole = f"{whole['median']:.2f} ({whole['min']:.2f}-{whole['max']:.2f})"
+        print(f"{name:<46} {f['local_rows_per_s']['median']:>12.0f}"
+              f" {f['s3_rows_per_s']['median']:>10.0f} {spread:>18} {whole:>18}"
+              f" {f['bytes_over_table']['median']:>11.2f} {f['blocks_per_64']:>9.1f}"
+              f" {f['gets']:>7.0f} {f['median_get_kb']:>7.1f} {f['in_flight']:>9.1f}"
+              f" {f['s3_peak_above_first_mb']:>7.0f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    from fresh import hand_back
+
+    config, uri, endpoint, batch = sys.argv[1:5]
+    hand_back(epoch(config, uri, endpoint, int(batch)))
