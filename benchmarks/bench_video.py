@@ -38,14 +38,15 @@ to ``1.5 x budget + 60 MB`` and to the largest ``loader/resident_bytes`` (decode
 held, summed over the workers); the epoch's exactness (every anchor once) and decoded
 frames per delivered frame.
 
-    python benchmarks/bench_video.py --s3
+    python benchmarks/bench_video.py --s3 [--latency-ms 20]
 
-``--s3`` starts an S3-protocol server on 127.0.0.1 (moto, ``tests/s3_server.py``),
-uploads the same dataset to a bucket, and runs one epoch of the module from local disk
-and one from S3 in this process, alternating, ``--rounds`` times (sidecars built at setup,
-not timed). It reports S3 windows/s over local windows/s, and the bytes the server sent
-during the epoch (response bodies of every GET, counted on the server side) over the
-dataset's MP4 bytes.
+``--s3`` starts an S3-protocol server on 127.0.0.1 (moto, ``tests/s3_server.py``) that
+answers each request after ``--latency-ms`` (default 20, a real store's time to first
+byte), uploads the same dataset to a bucket, and runs one epoch of the module from local
+disk and one from S3 in this process, alternating, ``--rounds`` times (sidecars built at
+setup, not timed). It reports windows/s of each and S3 / local paired by round, and the
+bytes the server sent during the epoch (response bodies of every GET, counted on the
+server side) over the dataset's MP4 bytes, as medians with their range.
 """
 
 from __future__ import annotations
@@ -191,26 +192,28 @@ def epoch_windows_per_s(root: str, sidecars: Path, s3=None) -> tuple[float, int]
     return windows / elapsed, s3.bytes_served() if s3 else 0
 
 
-def compare_s3(root: Path, rounds: int) -> None:
-    """One epoch from local disk and from S3 (moto on 127.0.0.1), side by side."""
+def compare_s3(root: Path, rounds: int, latency_ms: float) -> None:
+    """One epoch from local disk and from S3 (moto on 127.0.0.1, each request answered
+    after ``latency_ms``), side by side, ``rounds`` times."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.s3_server import S3Server
 
     video_bytes = sum(p.stat().st_size for p in (root / "videos").rglob("*.mp4"))
-    with S3Server(root.parent / "moto.log") as s3:
+    with S3Server(root.parent / "moto.log", latency_ms=latency_ms) as s3:
         s3.create_bucket("bench")
         s3.upload(root, "s3://bench/dataset")
-        local_rate = s3_rate = 0.0
-        served = []
+        local, remote, served = [], [], []
         for _ in range(rounds):
-            local_rate = max(local_rate, epoch_windows_per_s(str(root), root.parent / "local")[0])
+            local.append(epoch_windows_per_s(str(root), root.parent / "local")[0])
             rate, sent = epoch_windows_per_s("s3://bench/dataset", root.parent / "s3", s3)
-            s3_rate = max(s3_rate, rate)
-            served.append(sent)
-    print(f"dataset: {video_bytes} bytes of MP4")
-    print(f"windows/s: local {local_rate:.0f}, S3 {s3_rate:.0f}; S3 / local"
-          f" {s3_rate / local_rate:.2f}")  # fmt: skip
-    print(f"bytes served by S3 per epoch / video bytes: {min(served) / video_bytes:.2f}")
+            remote.append(rate)
+            served.append(sent / video_bytes)
+    ratios = [r / loc for r, loc in zip(remote, local, strict=True)]
+    print(f"dataset: {video_bytes} bytes of MP4; S3 answers after {latency_ms:g} ms;"
+          f" medians of {rounds} rounds (range)")  # fmt: skip
+    print(f"windows/s: local {_spread(local, 0)}, S3 {_spread(remote, 0)};"
+          f" S3 / local (paired by round) {_spread(ratios)}")  # fmt: skip
+    print(f"bytes served by S3 per epoch / video bytes: {_spread(served)}")
 
 
 LEROBOT_DELTAS = {
@@ -379,6 +382,9 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=24)
     parser.add_argument("--naive-windows", type=int, default=400)
     parser.add_argument("--s3", action="store_true", help="local disk next to S3 (moto)")
+    parser.add_argument(
+        "--latency-ms", type=float, default=20.0, help="--s3: the store's time to first byte"
+    )
     parser.add_argument("--workers", action="store_true", help="0 workers next to 2")
     parser.add_argument(
         "--worker-counts", default="0,2", help="--workers: the counts compared, first the base"
@@ -402,7 +408,7 @@ def main() -> None:
         if args.memory:
             compare_memory(root)
         elif args.s3:
-            compare_s3(root, args.rounds)
+            compare_s3(root, args.rounds, args.latency_ms)
         elif args.workers:
             counts = [int(c) for c in args.worker_counts.split(",")]
             compare_workers(root, args.rounds, counts, args.epochs, args.step_ms, args.json)
