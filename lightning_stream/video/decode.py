@@ -107,14 +107,20 @@ def decode_range(track: VideoTrack, wanted: np.ndarray) -> tuple[int, int]:
     return int(keyframes[-1]), int(wanted.max())
 
 
+def packet_range(track: VideoTrack, first: int, last: int) -> tuple[int, int]:
+    """Byte offset and size of the range that holds packets ``[first, last]``."""
+    start = int(track.offset[first])
+    stop = int((track.offset[first : last + 1] + track.size[first : last + 1]).max())
+    return start, stop - start
+
+
 class Packets:
     """The bytes of packets ``[first, last]`` (decode order) of a track, read in one range."""
 
     def __init__(self, read_at: ReadAt, track: VideoTrack, first: int, last: int) -> None:
         self.track, self.first, self.last = track, first, last
-        self.start = int(track.offset[first])
-        stop = int((track.offset[first : last + 1] + track.size[first : last + 1]).max())
-        self.data = memoryview(read_at(self.start, stop - self.start))
+        self.start, size = packet_range(track, first, last)
+        self.data = memoryview(read_at(self.start, size))
 
     def packet(self, index: int) -> memoryview:
         begin = int(self.track.offset[index]) - self.start

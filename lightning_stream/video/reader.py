@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,12 @@ from typing import Any
 import numpy as np
 import pyarrow.fs as pafs
 
-from lightning_stream.video.decode import DamagedVideoError, frames_at
+from lightning_stream.video.decode import (
+    DamagedVideoError,
+    decode_range,
+    frames_at,
+    packet_range,
+)
 from lightning_stream.video.frames import CameraFrames, ResidentChunk
 from lightning_stream.video.lerobot import ID_COLUMNS, open_dataset
 from lightning_stream.video.mp4 import VideoTrack
@@ -32,6 +38,10 @@ from lightning_stream.video.plan import (
     frame_offsets,
 )
 from lightning_stream.video.sidecar import VideoFile, load_or_build
+
+# reads in flight ahead of the chunks being decoded, on an object store (each waits a
+# round trip: one per camera of each split's next chunk)
+FETCH_THREADS = 8
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,7 @@ class SplitOrder:
     chunk_of: np.ndarray
     frame_of: np.ndarray
     last: np.ndarray
+    following: np.ndarray  # the chunk made resident after each one (-1: none)
 
 
 class EpisodeReader:
@@ -109,6 +120,11 @@ class EpisodeReader:
         self.files: dict[str, Any] = {}
         self._epoch_plans: dict[int, tuple[list, dict[int, SplitOrder]]] = {}
         self.resident: dict[tuple[int, int], ResidentChunk] = {}
+        # on an object store, the packets of each split's next chunk are read while the
+        # current ones decode: (file, offset, size) -> the read in flight
+        self.remote = not isinstance(self.dataset.fs, pafs.LocalFileSystem)
+        self._fetches: dict[tuple[str, int, int], Future] = {}
+        self._fetcher: ThreadPoolExecutor | None = None
         self.bytes_loaded = 0
         self.frames_decoded = 0  # packets decoded by chunks already dropped
 
@@ -124,7 +140,11 @@ class EpisodeReader:
             chunk, frame = anchor_order(chunks, spec.pool_size, spec.shuffle_seed, epoch, split)
             last = np.zeros(len(chunks), dtype=np.int64)
             last[chunk] = np.arange(len(chunk))  # later positions overwrite: the last one
-            orders[split] = SplitOrder(chunks, chunk, frame, last)
+            slots, firsts = np.unique(chunk, return_index=True)
+            arrival = slots[np.argsort(firsts)]
+            following = np.full(len(chunks), -1, dtype=np.int64)
+            following[arrival[:-1]] = arrival[1:]
+            orders[split] = SplitOrder(chunks, chunk, frame, last, following)
         return orders[split]
 
     def chunk_frames(self) -> int:
@@ -174,6 +194,9 @@ class EpisodeReader:
         key = (split, slot)
         if key not in self.resident:
             self.resident[key] = self._make_resident(piece, int(order.last[slot]))
+            following = int(order.following[slot])
+            if following >= 0:
+                self._fetch_chunk(order.chunks[following])
         return piece.episode, int(order.frame_of[position]), self.resident[key]
 
     def release(self, split: int, position: int, epoch: int) -> None:
@@ -190,28 +213,61 @@ class EpisodeReader:
         for chunk in self.resident.values():
             self.frames_decoded += sum(c.packets_decoded for c in chunk.cameras.values())
         self.resident.clear()
+        self._fetches.clear()
 
     def _make_resident(self, piece: Piece, last: int) -> ResidentChunk:
-        """A chunk's packets, read (one range per camera), none decoded yet."""
-        episode = self.dataset.episodes[piece.episode]
+        """A chunk's packets, read (one range per camera, or the read ahead of it), none
+        decoded yet."""
         chunk = ResidentChunk(last)
         for camera in self.dataset.cameras:
-            offsets = self.offsets.get(camera, np.zeros(1, dtype=np.int64))
-            first = max(0, piece.start + int(offsets.min()))
-            stop = min(episode.length, piece.stop + int(offsets.max()))
-            relative, from_timestamp = episode.videos[camera]
-            track, handle = self.track(relative)
-            name = self.dataset.path(relative)
-            seconds = from_timestamp + np.arange(first, stop) / self.fps
-            wanted = frames_at(track, seconds, name, 0.5 / self.fps)
+            relative, track, handle, first, wanted = self._camera_range(piece, camera)
 
-            def read_at(offset: int, size: int, handle=handle) -> bytes:
+            def read_at(offset: int, size: int, handle=handle, relative=relative) -> bytes:
+                fetched = self._fetches.pop((relative, offset, size), None)
+                if fetched is not None:
+                    return fetched.result()
                 self.bytes_loaded += size
                 return handle.read_at(size, offset)
 
+            name = self.dataset.path(relative)
             chunk.cameras[camera] = CameraFrames(read_at, track, wanted, name, self.decode_threads)
             chunk.first[camera] = first
         return chunk
+
+    def _camera_range(self, piece: Piece, camera: str) -> tuple[str, VideoTrack, Any, int, Any]:
+        """A chunk's file of ``camera``, its index and handle, the chunk's first episode
+        frame there, and the decode indices of its frames."""
+        episode = self.dataset.episodes[piece.episode]
+        offsets = self.offsets.get(camera, np.zeros(1, dtype=np.int64))
+        first = max(0, piece.start + int(offsets.min()))
+        stop = min(episode.length, piece.stop + int(offsets.max()))
+        relative, from_timestamp = episode.videos[camera]
+        track, handle = self.track(relative)
+        seconds = from_timestamp + np.arange(first, stop) / self.fps
+        wanted = frames_at(track, seconds, self.dataset.path(relative), 0.5 / self.fps)
+        return relative, track, handle, first, wanted
+
+    def fetch_ahead(self, epoch: int, positions: list[tuple[int, int]]) -> None:
+        """Start reading the packets of the chunks of ``(split, position)`` anchors that
+        are not resident yet (on an object store)."""
+        for split, position in positions:
+            order = self.split_order(epoch, split)
+            if (split, int(order.chunk_of[position])) not in self.resident:
+                self._fetch_chunk(order.chunks[int(order.chunk_of[position])])
+
+    def _fetch_chunk(self, piece: Piece) -> None:
+        """Start reading the packets of a chunk that becomes resident later."""
+        if not self.remote:
+            return  # a local read costs no round trip
+        if self._fetcher is None:
+            self._fetcher = ThreadPoolExecutor(FETCH_THREADS, "video-fetch")
+        for camera in self.dataset.cameras:
+            relative, track, handle, _, wanted = self._camera_range(piece, camera)
+            offset, size = packet_range(track, *decode_range(track, wanted))
+            if (relative, offset, size) not in self._fetches:
+                self.bytes_loaded += size
+                read = self._fetcher.submit(handle.read_at, size, offset)
+                self._fetches[relative, offset, size] = read
 
     def window(self, episode_slot: int, camera: str, frames: np.ndarray, chunk: ResidentChunk):
         """``[T, H, W, 3]`` frames of one camera's window; damage raises

@@ -55,6 +55,10 @@ def job_positions(job: DecodeJob) -> Iterator[tuple[int, int]]:
 def batches(reader: EpisodeReader, epoch: int, positions: Iterator[tuple[int, int]], size: int):
     """The anchors at ``positions`` as batches of ``size``, each made when asked for."""
     reader.clear()  # a pass stopped early leaves its chunks
+    # a round of the splits: their first chunks are read at once, not one by one
+    first_round = list(itertools.islice(positions, reader.spec.num_splits))
+    reader.fetch_ahead(epoch, first_round)
+    positions = itertools.chain(first_round, positions)
     while chunk := list(itertools.islice(positions, size)):
         yield assemble(reader, epoch, chunk)
 
