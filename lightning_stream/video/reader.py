@@ -124,6 +124,7 @@ class EpisodeReader:
         # current ones decode: (file, offset, size) -> the read in flight
         self.remote = not isinstance(self.dataset.fs, pafs.LocalFileSystem)
         self._fetches: dict[tuple[str, int, int], Future] = {}
+        self._ranges: dict[tuple[Piece, str], tuple] = {}  # of the chunks read ahead
         self._fetcher: ThreadPoolExecutor | None = None
         self.bytes_loaded = 0
         self.frames_decoded = 0  # packets decoded by chunks already dropped
@@ -214,13 +215,16 @@ class EpisodeReader:
             self.frames_decoded += sum(c.packets_decoded for c in chunk.cameras.values())
         self.resident.clear()
         self._fetches.clear()
+        self._ranges.clear()
 
     def _make_resident(self, piece: Piece, last: int) -> ResidentChunk:
         """A chunk's packets, read (one range per camera, or the read ahead of it), none
         decoded yet."""
         chunk = ResidentChunk(last)
         for camera in self.dataset.cameras:
-            relative, track, handle, first, wanted = self._camera_range(piece, camera)
+            relative, track, handle, first, wanted = self._ranges.pop(
+                (piece, camera), None
+            ) or self._camera_range(piece, camera)
 
             def read_at(offset: int, size: int, handle=handle, relative=relative) -> bytes:
                 fetched = self._fetches.pop((relative, offset, size), None)
@@ -262,7 +266,8 @@ class EpisodeReader:
         if self._fetcher is None:
             self._fetcher = ThreadPoolExecutor(FETCH_THREADS, "video-fetch")
         for camera in self.dataset.cameras:
-            relative, track, handle, _, wanted = self._camera_range(piece, camera)
+            found = self._ranges[piece, camera] = self._camera_range(piece, camera)
+            relative, track, handle, _, wanted = found
             offset, size = packet_range(track, *decode_range(track, wanted))
             if (relative, offset, size) not in self._fetches:
                 self.bytes_loaded += size
