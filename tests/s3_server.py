@@ -252,6 +252,22 @@ def _range_reply(path: str, header: str) -> tuple[list[tuple[str, str]], bytes] 
     return headers, body
 
 
+class _Logged:
+    """A WSGI body that calls ``logged()`` once, when the server closes it (PEP 3333: after
+    its last bytes were written, or on a failed write)."""
+
+    def __init__(self, chunks, logged) -> None:
+        self.chunks, self.logged = chunks, logged
+
+    def __iter__(self):
+        return iter(self.chunks)
+
+    def close(self) -> None:
+        if self.logged is not None:
+            self.logged, logged = None, self.logged
+            logged()
+
+
 def _serve(port: int, latency_ms: float, bandwidth_mb_s: float | None, fast_ranges: bool) -> None:
     from moto.moto_server.werkzeug_app import (
         DomainDispatcherApplication,
@@ -264,7 +280,8 @@ def _serve(port: int, latency_ms: float, bandwidth_mb_s: float | None, fast_rang
     served = [0]
     whole: list[str] = []
     log: list[tuple[float, float, int]] = []
-    lock = threading.Lock()
+    lock = threading.Condition()
+    sending = [0]  # object GETs whose body is still being sent, so not yet logged
 
     def text(start_response, body: str):
         start_response("200 OK", [("Content-Type", "text/plain")])
@@ -275,7 +292,10 @@ def _serve(port: int, latency_ms: float, bandwidth_mb_s: float | None, fast_rang
         if path == WHOLE_GETS_PATH:
             return text(start_response, "\n".join(whole))
         if path == REQUESTS_PATH:
+            # werkzeug runs a body's last lines after its last bytes reached the client:
+            # wait for the bodies being sent, so a reader that has its bytes finds them logged
             with lock:
+                lock.wait_for(lambda: sending[0] == 0, timeout=10)
                 return text(start_response, json.dumps(log))
         if path == BYTES_PATH:
             if environ["REQUEST_METHOD"] == "DELETE":
@@ -305,13 +325,16 @@ def _serve(port: int, latency_ms: float, bandwidth_mb_s: float | None, fast_rang
         if bandwidth_mb_s is not None:
             chunks = _paced(chunks, bandwidth_mb_s * 1e6)
         if "/" in path.strip("/"):  # /bucket/key: an object, not a listing
-            return _logged(chunks, start, size)
+            with lock:
+                sending[0] += 1
+            return _Logged(chunks, lambda: _log(start, size))
         return chunks
 
-    def _logged(chunks, start: float, size: int):
-        yield from chunks
+    def _log(start: float, size: int) -> None:
         with lock:
             log.append((start, time.monotonic() - start, size))
+            sending[0] -= 1
+            lock.notify_all()
 
     run_simple("127.0.0.1", port, counting, threaded=True, request_handler=MotoRequestHandler)
 

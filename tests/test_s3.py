@@ -56,7 +56,7 @@ def test_the_server_waits_before_each_answer_without_holding_up_the_others(s3):
     for thread in threads:
         thread.join()
     elapsed = time.monotonic() - start
-    assert LATENCY_MS / 1000 <= elapsed < 4 * LATENCY_MS / 1000, elapsed
+    assert LATENCY_MS / 1000 <= elapsed < 6 * LATENCY_MS / 1000, elapsed  # 8 in turn: 8x
     logged = requests_served(s3.endpoint)
     assert [size for _, _, size in logged] == [512] * 8
     assert all(duration >= LATENCY_MS / 1000 for _, duration, _ in logged)
