@@ -183,6 +183,9 @@ def main() -> None:
         "--bandwidth-mb-s", type=float, help="--s3: cap on each response's MB/s (default none)"
     )
     parser.add_argument(
+        "--settings", help="--s3: comma-separated shuffle settings of lance_s3.SETTINGS (all)"
+    )
+    parser.add_argument(
         "--json", type=Path, metavar="PATH", help="also write the reported figures to PATH"
     )
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -199,9 +202,10 @@ def main() -> None:
         import lance_s3
 
         kind, rows = ("heavy", args.heavy_rows or 25_000) if args.heavy else ("light", args.rows)
+        settings = args.settings.split(",") if args.settings else None
         figures = {"run": "s3", **lance_s3.main(kind, rows, args.batch_size, args.rounds,
                                                 args.latency_ms, args.bandwidth_mb_s,
-                                                args.before)}  # fmt: skip
+                                                args.before, settings)}  # fmt: skip
     elif args.heavy:
         import lance_heavy
 

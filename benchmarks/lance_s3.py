@@ -38,10 +38,13 @@ ROOT = Path(__file__).resolve().parents[1]
 NUM_SPLITS = 32
 BLOCK_ROWS = 1024
 MIX_ROWS = 64
+# ``default``: single rows shuffled on local disk, 1,024-row clumps on S3 (the package's
+# defaults per location); ``clumps``: 1,024-row clumps on both, the same order.
 SETTINGS = {
-    "shuffled rows (default)": {},
-    "shuffle_clump_size=4096": {"shuffle_clump_size": 4096},
-    "shuffle=False": {"shuffle": False},
+    "default": {},
+    "clumps": {"shuffle_clump_size": 1024},
+    "rows": {"shuffle_clump_size": 1},
+    "storage-order": {"shuffle": False},
 }
 TABLES = {"db": "bench", "heavy": "heavy"}  # directory: table name
 
@@ -102,8 +105,11 @@ def epoch(config: str, uri: str, endpoint: str, batch_size: int) -> dict:
 
 
 def main(kind: str, rows: int, batch_size: int, rounds: int, latency_ms: float,
-         bandwidth_mb_s: float | None, before: Path | None = None) -> dict:  # fmt: skip
+         bandwidth_mb_s: float | None, before: Path | None = None,
+         settings: list[str] | None = None) -> dict:  # fmt: skip
     """Runs every configuration, prints the report, and returns its figures.
+
+    ``settings``: names of ``SETTINGS`` to run (default: all).
 
     ``before``: a checkout of this repository at an earlier commit; its S3 reads run
     too (store ``s3-before``, its ``lance_s3.py`` and its package, this server),
@@ -133,7 +139,8 @@ def main(kind: str, rows: int, batch_size: int, rounds: int, latency_ms: float,
                   f" S3 latency {latency_ms:g} ms, bandwidth cap {bandwidth_mb_s} MB/s",
                   flush=True)  # fmt: skip
             stores = ("local", "s3", "s3-before") if before else ("local", "s3")
-            configs = [f"{s}:{w}:{store}" for s in SETTINGS for w in (0, 2)
+            settings = settings or list(SETTINGS)
+            configs = [f"{s}:{w}:{store}" for s in settings for w in (0, 2)
                        for store in stores]  # fmt: skip
             runs = []
             for round_ in range(rounds):
@@ -162,7 +169,8 @@ def summary(runs: list[dict], table_bytes: int) -> dict:
     stores = {"s3": ""}
     if any(config.endswith(":s3-before") for config in runs[0]):
         stores["s3-before"] = " (before)"
-    for setting in SETTINGS:
+    settings = dict.fromkeys(config.split(":")[0] for config in runs[0])
+    for setting in settings:
         for workers in (0, 2):
             for store, suffix in stores.items():
                 local = [r[f"{setting}:{workers}:local"] for r in runs]

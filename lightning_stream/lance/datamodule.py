@@ -19,6 +19,9 @@ from lightning_stream.workers.checks import check_sendable
 
 log = logging.getLogger(__name__)
 
+# The default clump of a table on an object store (``bench_lance.py --s3``): XXX
+REMOTE_CLUMP_ROWS = 1024
+
 
 class LanceDataModule(StreamingDataModule):
     """Streams a LanceDB table, shuffled per epoch, with exact elastic resume.
@@ -57,9 +60,18 @@ class LanceDataModule(StreamingDataModule):
             cuts the table into splits in storage order.
         shuffle_seed: base seed of the shuffle, combined with the epoch; default 0. A
             resume must use the same seed.
-        shuffle_clump_size: shuffle blocks of this many rows that stay together (read in
-            storage order) instead of single rows; default ``None`` (rows). Faster reads,
-            less mixed batches. A resume must use the same value.
+        shuffle_clump_size: shuffle clumps of this many storage-order rows that stay
+            together instead of single rows; ``1`` shuffles single rows. Default ``None``:
+            single rows on local disk, clumps of ``REMOTE_CLUMP_ROWS`` (1,024) rows on an
+            object store, where a row shuffle fetches whole storage pages for scattered
+            rows (several times the table's bytes per epoch) and a clump is read in a few
+            large range reads (about 1x). What clumps trade: a rank's batches still mix
+            rows of all its splits (one row of each split in turn, so a batch of 64 from
+            32 splits holds rows of 32 clumps), but rows that sit next to each other in
+            storage arrive in the same split, in storage order. The clumps are lancedb's
+            (``StreamingDataset(shuffle_clump_size=...)``), shuffled per (seed, epoch): the
+            same on every topology. A resume must use the same value; the checkpoint
+            records the size used, so resuming with another refuses.
         columns: columns to read; default ``None`` reads all.
         filter: SQL predicate selecting the training rows; default ``None`` (all rows).
         transform: callable applied to each collated batch (a dict) in the worker; it
@@ -213,7 +225,7 @@ class LanceDataModule(StreamingDataModule):
             num_splits=self.num_splits,
             shuffle=shuffle,
             shuffle_seed=self.shuffle_seed,
-            shuffle_clump_size=self.shuffle_clump_size,
+            shuffle_clump_size=clump_rows(self.uri, self.shuffle_clump_size),
             columns=self.columns,
             filter=filter,
             transform=self.transform,
@@ -247,13 +259,14 @@ class LanceDataModule(StreamingDataModule):
             )
 
     def _report_layout(self, source: LanceSource, world_size: int) -> None:
-        if is_remote(self.uri) and self.shuffle and self.shuffle_clump_size is None:
+        if is_remote(self.uri) and self.shuffle and source.shuffle_clump_size is None:
             log.warning(
-                "%s is on an object store and rows are shuffled one by one: each read of"
-                " scattered rows fetches whole pages, several times the table's bytes per"
-                " epoch (docs/object-stores.md); set shuffle_clump_size (e.g. 4096) to read"
-                " runs",
+                "%s is on an object store and rows are shuffled one by one"
+                " (shuffle_clump_size=1): each read of scattered rows fetches whole pages,"
+                " several times the table's bytes per epoch (docs/object-stores.md); leave"
+                " shuffle_clump_size=None to read clumps of %d rows",
                 self.uri,
+                REMOTE_CLUMP_ROWS,
             )
         surplus = source.rows % self.num_splits
         log.info(
@@ -305,6 +318,13 @@ class LanceDataModule(StreamingDataModule):
             self._evaluation[stage] = self._evaluation_source(stage)
         rank, world_size = self._rank_and_world()
         return EvaluationLoader(self._evaluation[stage], rank, world_size, self.batch_size)
+
+
+def clump_rows(uri: str, shuffle_clump_size: int | None) -> int | None:
+    """Rows per shuffled clump for a table at ``uri`` (``None``: single rows)."""
+    if shuffle_clump_size is None:
+        return REMOTE_CLUMP_ROWS if is_remote(uri) else None
+    return None if shuffle_clump_size == 1 else shuffle_clump_size
 
 
 def _check_positive(**values: int) -> None:

@@ -1,0 +1,80 @@
+"""The clumped shuffle (the default on object stores): a pure function of (seed, epoch,
+split) that keeps storage runs together, so a reader fetches each clump in a few large
+range reads."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lightning_stream import LanceDataModule
+from lightning_stream.demo import make_table
+from lightning_stream.lance.datamodule import REMOTE_CLUMP_ROWS, clump_rows
+from lightning_stream.lance.source import LanceSource
+
+ROWS = 1000
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    uri = str(tmp_path_factory.mktemp("clumps") / "db")
+    make_table(uri, ROWS)
+    return uri
+
+
+def split_rows(uri, seed, epoch, num_splits, clump):
+    source = LanceSource(
+        uri, "samples", version=None, num_splits=num_splits, shuffle=True, shuffle_seed=seed,
+        shuffle_clump_size=clump, columns=None, filter=None, transform=None,
+        read_ahead_bytes=2**24, num_workers=0,
+    )  # fmt: skip
+    return source.split_rows(epoch)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    seed=st.integers(0, 2**31),
+    epoch=st.integers(0, 50),
+    num_splits=st.integers(1, 24),
+    clump=st.integers(2, 300),
+)
+def test_clumped_splits_are_a_pure_function_of_seed_epoch_and_split(
+    table, seed, epoch, num_splits, clump
+):
+    splits = split_rows(table, seed, epoch, num_splits, clump)
+    again = split_rows(table, seed, epoch, num_splits, clump)  # another open of the table
+    np.testing.assert_array_equal(splits, again)
+    rows = splits.ravel()
+    assert splits.shape == (num_splits, ROWS // num_splits)
+    assert len(np.unique(rows)) == len(rows)  # no row twice; the surplus left out
+    for split in splits:
+        # within a split, a row that does not start a clump follows the row before it
+        inside = split[1:] % clump != 0
+        np.testing.assert_array_equal(split[1:][inside], split[:-1][inside] + 1)
+
+
+def test_another_epoch_or_seed_is_another_order(table):
+    first = split_rows(table, 0, 0, 4, 50)
+    assert not np.array_equal(first, split_rows(table, 0, 1, 4, 50))
+    assert not np.array_equal(first, split_rows(table, 1, 0, 4, 50))
+
+
+def test_the_clump_is_rows_on_local_disk_and_clumps_on_an_object_store():
+    assert clump_rows("/data/db", None) is None
+    assert clump_rows("s3://bucket/db", None) == REMOTE_CLUMP_ROWS
+    assert clump_rows("s3://bucket/db", 1) is None  # asked for single rows
+    assert clump_rows("/data/db", 4096) == 4096
+
+
+def test_a_clumped_epoch_is_exact_and_mixes_every_split_of_the_reader(table):
+    dm = LanceDataModule(table, "samples", num_splits=8, batch_size=16, shuffle_clump_size=64)
+    dm.setup("fit")
+    ids = np.concatenate([batch["id"].numpy() for batch in dm.train_dataloader()])
+    assert sorted(ids) == sorted(dm.stream.source.split_rows(0).ravel())
+    assert len(np.unique(ids)) == len(ids)
+    # one row of each of the 8 splits in turn: a batch of 16 holds rows of 8 clumps or more
+    assert all(
+        len(np.unique(batch // 64)) >= 8 for batch in ids[: len(ids) // 16 * 16].reshape(-1, 16)
+    )
