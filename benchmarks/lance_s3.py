@@ -17,6 +17,10 @@ Reported per shuffle setting and worker count, over the rounds (median and range
   to the epoch's end (counted on the server side) over the table's bytes;
 - GETs of object bytes in the epoch, their median size, and the reads in flight on the
   server on average (the GETs' summed durations, latency included, over the epoch);
+- store CPU: the S3 server's CPU seconds during the epoch (its process, from /proc) over
+  the same round's local epoch in seconds. The server shares this host's cores with the
+  reader, which a real object store does not: where it is near or above 1, the store
+  alone takes the cores' time of a whole local epoch, and S3/local is bounded by it.
 - blocks/64: the mixing figure, the mean count of distinct 1,024-row storage blocks
   among 64 consecutive rows as the batches deliver them. A row's storage block is its
   ``id // 1024``: both tables are written with ``id`` counting up in storage order
@@ -151,7 +155,9 @@ def main(kind: str, rows: int, batch_size: int, rounds: int, latency_ms: float,
                         script = str(before / "benchmarks" / "lance_s3.py")
                         asked = config.removesuffix("-before")
                     arguments = [script, asked, str(local), server.endpoint, str(batch_size)]
+                    spent = server.cpu_seconds()
                     runs[-1][config] = run_fresh(arguments, f"round {round_} {config:<34}")
+                    runs[-1][config]["store_cpu_s"] = server.cpu_seconds() - spent
     figures = summary(runs, table_bytes)
     report(figures)
     return {"table": kind, "rows": rows, "table_bytes": table_bytes, "batch_size": batch_size,
@@ -188,6 +194,10 @@ def summary(runs: list[dict], table_bytes: int) -> dict:
                         [b["rows_per_s"] / a["rows_per_s"] for a, b in zip(local, s3, strict=True)]
                     ),
                     "bytes_over_table": _spread([r["bytes"] / table_bytes for r in s3]),
+                    "store_cpu_over_local_epoch": statistics.median(
+                        b["store_cpu_s"] / (a["rows"] / a["rows_per_s"])
+                        for a, b in zip(local, s3, strict=True)
+                    ),
                     "blocks_per_64": statistics.median(r["blocks_per_64"] for r in s3),
                     "gets": statistics.median(r["gets"] for r in s3),
                     "median_get_kb": statistics.median(r["median_get_kb"] for r in s3),
@@ -203,7 +213,7 @@ def report(figures: dict) -> None:
     print(f"\n{'configuration':<46} {'local rows/s':>12} {'S3 rows/s':>10}"
           f" {'S3/local (range)':>18} {'whole epoch':>18}"
           f" {'bytes/table':>11} {'blocks/64':>9} {'GETs':>7} {'GET KB':>7} {'in flight':>9}"
-          f" {'RSS+ MB':>7}")  # fmt: skip
+          f" {'RSS+ MB':>7} {'store CPU':>9}")  # fmt: skip
     for name, f in figures.items():
         ratio = f["s3_over_local"]
         spread = f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})"
@@ -213,7 +223,8 @@ def report(figures: dict) -> None:
               f" {f['s3_rows_per_s']['median']:>10.0f} {spread:>18} {whole:>18}"
               f" {f['bytes_over_table']['median']:>11.2f} {f['blocks_per_64']:>9.1f}"
               f" {f['gets']:>7.0f} {f['median_get_kb']:>7.1f} {f['in_flight']:>9.1f}"
-              f" {f['s3_peak_above_first_mb']:>7.0f}")  # fmt: skip
+              f" {f['s3_peak_above_first_mb']:>7.0f}"
+              f" {f['store_cpu_over_local_epoch']:>9.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -21,41 +21,40 @@ import numpy as np
 import pyarrow as pa
 
 FIRST_READ_ROWS = 16
-# Reads grow from one to the next up to this size: small first reads bring the first
-# batch early, large ones read each storage page once (on an object store, reads of a few
-# hundred light rows fetched every page several times over) and cost lance less CPU per
-# row (scattered 22 KB rows: 1,500-row reads took about 0.6x the CPU of 380-row ones).
-# While a read runs lance holds several times its size: 16 MiB keeps a reading process's
-# memory flat through an epoch (32 MiB was faster but grew 0.25 GB and kept creeping).
-READ_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True)
 class ReadPace:
-    """Reads in flight at once in one reading process, and the factor each read's size
-    grows by over the one before (up to ``READ_BYTES``)."""
+    """How one reading process reads: reads in flight at once, the factor each read's
+    size grows by over the one before, and the size they grow to."""
 
     io_threads: int
     growth: int
+    read_bytes: int
 
     def for_workers(self) -> ReadPace:
         """The pace of each reading worker: the rank's workers together run about as
         many reads as its main process does alone (and hold what each holds)."""
-        return ReadPace(max(1, self.io_threads // 2), self.growth)
+        return ReadPace(max(1, self.io_threads // 2), self.growth, self.read_bytes)
 
 
 # Local disk: two reads, one running while the main process works on the one before.
-LOCAL_PACE = ReadPace(io_threads=2, growth=4)
+# Reads grow 4x at a time up to 16 MiB: small first reads bring the first batch early,
+# large ones read each storage page once and cost lance less CPU per row (scattered 22 KB
+# rows: 1,500-row reads took about 0.6x the CPU of 380-row ones). While a read runs lance
+# holds several times its size: 16 MiB keeps a reading process's memory flat through an
+# epoch (32 MiB was faster but grew 0.25 GB and kept creeping).
+LOCAL_PACE = ReadPace(io_threads=2, growth=4, read_bytes=16 * 2**20)
 # Object store (``bench_lance.py --s3``, 20 ms a request): every read waits a round trip
-# and its pages arrive as at least one GET per column and contiguous run of rows; reads
-# of a plan that cycles over 32 splits hold 32 runs each, so a read costs about the same
-# 30-40 GETs whatever its size. Fewer, larger reads (16x growth: the first batch's reads,
-# then full size) cut the GETs of an epoch of 200k light rows from 250 to 150, and four
-# in flight keep the store busy while lance decodes the ones that came back. A third and
-# fourth read start only while those in flight hold less than ``READ_BYTES``: with two
-# full-size reads of 22 KB rows in flight, two more made an epoch from S3 1.6x slower
-# (lance's decoding of four at once on 2 cores).
-REMOTE_PACE = ReadPace(io_threads=4, growth=16)
+# and its pages arrive as at least one GET per column and contiguous run of rows; a read
+# of a plan that cycles over 32 splits holds 32 runs, so its GETs are its size over 32
+# splits. Reads grow 16x at a time (the first batch's reads, then full size) to 32 MiB:
+# 12,500 clumped 22 KB rows took 771 GETs (96 KB median) instead of 1,330 (64 KB) at
+# 16 MiB and ran 1.5x faster, 0.05-0.1 GB more resident. Four in flight keep the store
+# busy while lance decodes the ones that came back; a third and fourth start only while
+# those in flight hold less than ``read_bytes`` (with two full-size reads of 22 KB rows in
+# flight, two more made an epoch 1.6x slower: lance's decoding of four at once on 2 cores).
+REMOTE_PACE = ReadPace(io_threads=4, growth=16, read_bytes=32 * 2**20)
 
 ReadRows = Callable[[np.ndarray], pa.Table]
 
@@ -144,8 +143,7 @@ class BudgetedReader:
         pace: ReadPace = LOCAL_PACE,
     ) -> None:
         self.read = read
-        self.io_threads = pace.io_threads
-        self.growth = pace.growth
+        self.pace = pace
         self.row_ids = row_ids
         self.budget = budget
         self.counters = counters
@@ -162,9 +160,9 @@ class BudgetedReader:
         if self.row_bytes is None:
             self.read_rows = FIRST_READ_ROWS
         else:
-            read_bytes = min(READ_BYTES, self.budget // (self.io_threads + 1))
+            read_bytes = min(self.pace.read_bytes, self.budget // (self.pace.io_threads + 1))
             fits = max(1, int(read_bytes // max(1.0, self.row_bytes)))
-            self.read_rows = min(self.read_rows * self.growth, fits)
+            self.read_rows = min(self.read_rows * self.pace.growth, fits)
         return self.read_rows
 
     def tables(self) -> Iterator[pa.Table]:
@@ -173,14 +171,14 @@ class BudgetedReader:
         pending: deque[tuple[Future, int]] = deque()
         next_row = 0
         total = len(self.row_ids)
-        with ThreadPoolExecutor(self.io_threads, thread_name_prefix="lance-read") as pool:
+        with ThreadPoolExecutor(self.pace.io_threads, thread_name_prefix="lance-read") as pool:
 
             def start_reads() -> None:
                 nonlocal next_row
-                while next_row < total and len(pending) < self.io_threads:
+                while next_row < total and len(pending) < self.pace.io_threads:
                     if self.row_bytes is None and pending:
                         return  # learn the row size before sizing more reads
-                    if len(pending) >= 2 and sum(e for _, e in pending) >= READ_BYTES:
+                    if len(pending) >= 2 and sum(e for _, e in pending) >= self.pace.read_bytes:
                         return  # more than two reads only while they are small: see ReadPace
                     rows = min(self._next_read_rows(), total - next_row)
                     estimate = int(rows * (self.row_bytes or 0))
