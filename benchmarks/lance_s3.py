@@ -42,12 +42,12 @@ ROOT = Path(__file__).resolve().parents[1]
 NUM_SPLITS = 32
 BLOCK_ROWS = 1024
 MIX_ROWS = 64
-# ``default``: single rows shuffled on local disk, 1,024-row clumps on S3 (the package's
-# defaults per location); ``clumps``: 1,024-row clumps on both, the same order.
+# ``default``: single rows shuffled on local disk, clumps on S3 (the package's defaults per
+# location); ``clumps-N``: clumps of N rows on both, one order.
 SETTINGS = {
     "default": {},
-    "clumps": {"shuffle_clump_size": 1024},
     "rows": {"shuffle_clump_size": 1},
+    **{f"clumps-{n}": {"shuffle_clump_size": n} for n in (1024, 4096, 16384)},
     "storage-order": {"shuffle": False},
 }
 TABLES = {"db": "bench", "heavy": "heavy"}  # directory: table name

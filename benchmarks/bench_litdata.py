@@ -1,0 +1,231 @@
+"""LanceDataModule against LitData's StreamingDataset on the same rows, on local disk.
+
+    python benchmarks/bench_litdata.py [--rounds 3] [--json PATH]
+
+LitData is not a dependency of the package, and its requirements pull a torch other than
+the CPU build this project pins (through torchvision, which its streaming path does not
+use), so install it beside the test extra without them:
+
+    pip install --no-deps litdata==0.2.76 && pip install tifffile obstore
+
+Both tables (light: ``--rows`` rows of an id, 16 floats and a label; heavy:
+``--heavy-rows`` rows of about 22 KB, see ``lightning_stream.lance.synthetic``) are written
+once as a LanceDB table and, row for row, as a LitData dataset (``litdata.optimize``,
+64 MB chunks; the heavy table's nulls written as -1, its ragged ``tokens`` as arrays).
+Each configuration reads one shuffled epoch in a fresh process, batch 256, the
+configurations interleaved, ``--rounds`` rounds:
+
+- ``ours``: ``LanceDataModule`` at its defaults (32 splits, single rows shuffled);
+- ``litdata``: ``StreamingDataset(shuffle=True)`` (its default order: chunks shuffled,
+  then items within a window of chunks) through ``StreamingDataLoader``, whose collate
+  stacks the numeric columns into tensors and keeps strings and bytes as lists (torch's
+  default collate refuses bytes), as ours hands them.
+
+Reported per table and worker count (0 and 2): rows/s after the first batch (median and
+range), ours over LitData paired by round, the first batch's wait, and the mixing figure
+of each, ``blocks/64``: the mean count of distinct 1,024-row storage blocks among 64
+consecutive rows as the batches deliver them (``id // 1024``; both stores hold the rows in
+``id`` order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from fresh import hand_back, run_fresh
+from lance_s3 import blocks_per_rows
+from measure import rates
+
+ROOT = Path(__file__).resolve().parents[1]
+NUM_SPLITS = 32
+CHUNK_ROWS = 10_000  # rows per optimize input
+BLOB_BYTES = 20_000  # the heavy table's default
+
+
+def items(spec: tuple[str, int, int, int]):
+    """LitData items of rows ``start .. start + count`` of a table of ``total`` rows:
+    the same values ``bench_lance.make_table`` (light) and ``heavy_rows`` (heavy) write."""
+    import numpy as np
+
+    kind, start, count, total = spec
+    if kind == "light":
+        rng = np.random.default_rng(0)  # make_table's draws, in its order
+        vec = rng.standard_normal((total, 16), dtype=np.float32)
+        label = rng.integers(0, 10, total)
+        for i in range(start, start + count):
+            yield {"id": i, "vec": vec[i], "label": int(label[i])}
+        return
+    from lightning_stream.lance.synthetic import heavy_rows
+
+    for row in heavy_rows(start, count, BLOB_BYTES).to_pylist():
+        yield {
+            "id": row["id"],
+            "caption": row["caption"],
+            "jpeg": row["jpeg"],
+            "label": -1 if row["label"] is None else row["label"],
+            "rare": -1 if row["rare"] is None else row["rare"],
+            "tokens": np.asarray(row["tokens"] or [], dtype=np.float32),
+            "embedding": np.asarray(row["embedding"], dtype=np.float32),
+        }
+
+
+def collate(items: list[dict]) -> dict:
+    """Numeric columns stacked into tensors; strings, bytes and ragged arrays as lists."""
+    import numpy as np
+    import torch
+
+    batch = {}
+    for key in items[0]:
+        values = [item[key] for item in items]
+        first = values[0]
+        if isinstance(first, (bytes, str)):
+            batch[key] = values
+        elif isinstance(first, np.ndarray):
+            shapes = {v.shape for v in values}
+            batch[key] = torch.from_numpy(np.stack(values)) if len(shapes) == 1 else values
+        else:
+            batch[key] = torch.tensor(values)
+    return batch
+
+
+def epoch(config: str, lance_uri: str, litdata_dir: str, batch_size: int) -> dict:
+    """One epoch of ``reader:workers`` in this (fresh) process."""
+    sys.path.insert(0, str(ROOT))
+    reader, workers = config.split(":")
+    workers = int(workers)
+    if reader == "ours":
+        from lightning_stream import LanceDataModule
+
+        name = "heavy" if Path(lance_uri).name == "heavy" else "bench"
+        dm = LanceDataModule(
+            lance_uri, name, num_splits=NUM_SPLITS, batch_size=batch_size, num_workers=workers
+        )
+        dm.setup("fit")
+        loader = dm.train_dataloader()
+    else:
+        from litdata import StreamingDataLoader, StreamingDataset
+
+        dataset = StreamingDataset(litdata_dir, shuffle=True, seed=0)
+        loader = StreamingDataLoader(
+            dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate
+        )
+    start = time.perf_counter()
+    stamps, ids = [], []
+    for batch in loader:
+        stamps.append((time.perf_counter(), len(batch["id"])))
+        ids.extend(int(i) for i in batch["id"])
+    if reader == "ours":
+        dm.teardown("fit")
+    return {
+        **rates(start, stamps),
+        "first_batch_s": stamps[0][0] - start,
+        "rows": len(ids),
+        "distinct_rows": len(set(ids)),
+        "blocks_per_64": blocks_per_rows(ids),
+    }
+
+
+def write_tables(tmp: Path, light_rows: int, heavy_rows: int) -> dict:
+    """Both tables in both formats under ``tmp``; returns their paths per table."""
+    import litdata
+    from bench_lance import make_table
+
+    from lightning_stream.lance.synthetic import make_heavy_table
+
+    make_table(str(tmp / "light"), light_rows)
+    make_heavy_table(str(tmp / "heavy"), heavy_rows, blob_bytes=BLOB_BYTES)
+    paths = {}
+    for kind, rows in (("light", light_rows), ("heavy", heavy_rows)):
+        out = tmp / f"litdata-{kind}"
+        specs = [(kind, s, min(CHUNK_ROWS, rows - s), rows) for s in range(0, rows, CHUNK_ROWS)]
+        litdata.optimize(
+            fn=items, inputs=specs, output_dir=str(out), chunk_bytes="64MB", num_workers=1,
+            mode="overwrite",
+        )  # fmt: skip
+        paths[kind] = (str(tmp / kind), str(out))
+    return paths
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=200_000, help="light rows (200,000)")
+    parser.add_argument("--heavy-rows", type=int, default=25_000, help="heavy rows (25,000)")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures")
+    args = parser.parse_args()
+    configs = [f"{reader}:{w}" for w in (0, 2) for reader in ("ours", "litdata")]
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = write_tables(Path(tmp), args.rows, args.heavy_rows)
+        runs = {kind: [] for kind in paths}
+        for round_ in range(args.rounds):
+            for kind, (lance_uri, litdata_dir) in paths.items():
+                runs[kind].append({})
+                for config in configs:
+                    arguments = [__file__, "--one", config, lance_uri, litdata_dir,
+                                 str(args.batch_size)]  # fmt: skip
+                    label = f"round {round_} {kind} {config:<10}"
+                    runs[kind][-1][config] = run_fresh(arguments, label)
+    figures = summary(runs)
+    report(figures)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        result = {"rounds": args.rounds, "batch_size": args.batch_size, "rows": args.rows,
+                  "heavy_rows": args.heavy_rows, "runs": runs, "figures": figures}  # fmt: skip
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def _spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def summary(runs: dict) -> dict:
+    figures = {}
+    for kind, rounds in runs.items():
+        for workers in (0, 2):
+            ours = [r[f"ours:{workers}"] for r in rounds]
+            theirs = [r[f"litdata:{workers}"] for r in rounds]
+            figures[f"{kind}, {workers} workers"] = {
+                "ours_rows_per_s": _spread([r["after_first"] for r in ours]),
+                "litdata_rows_per_s": _spread([r["after_first"] for r in theirs]),
+                "ours_over_litdata": _spread(
+                    [a["after_first"] / b["after_first"] for a, b in zip(ours, theirs, strict=True)]
+                ),
+                "ours_over_litdata_whole_epoch": _spread(
+                    [a["rows_per_s"] / b["rows_per_s"] for a, b in zip(ours, theirs, strict=True)]
+                ),
+                "ours_first_batch_s": statistics.median(r["first_batch_s"] for r in ours),
+                "litdata_first_batch_s": statistics.median(r["first_batch_s"] for r in theirs),
+                "ours_blocks_per_64": statistics.median(r["blocks_per_64"] for r in ours),
+                "litdata_blocks_per_64": statistics.median(r["blocks_per_64"] for r in theirs),
+                "rows": [ours[0]["rows"], theirs[0]["rows"]],
+            }
+    return figures
+
+
+def report(figures: dict) -> None:
+    print(f"\n{'configuration':<18} {'ours rows/s':>11} {'LitData rows/s':>14}"
+          f" {'ours/LitData (range)':>21} {'whole epoch':>18} {'first batch s':>15}"
+          f" {'blocks/64 ours':>14} {'LitData':>8}")  # fmt: skip
+    for name, f in figures.items():
+        ratio, whole = f["ours_over_litdata"], f["ours_over_litdata_whole_epoch"]
+        print(f"{name:<18} {f['ours_rows_per_s']['median']:>11.0f}"
+              f" {f['litdata_rows_per_s']['median']:>14.0f}"
+              f" {ratio['median']:>9.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})"
+              f" {whole['median']:>6.2f} ({whole['min']:.2f}-{whole['max']:.2f})"
+              f" {f['ours_first_batch_s']:>7.2f} / {f['litdata_first_batch_s']:<5.2f}"
+              f" {f['ours_blocks_per_64']:>14.1f} {f['litdata_blocks_per_64']:>8.1f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--one"]:
+        config, lance_uri, litdata_dir, batch = sys.argv[2:6]
+        hand_back(epoch(config, lance_uri, litdata_dir, int(batch)))
+    else:
+        main()
