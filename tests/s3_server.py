@@ -13,7 +13,8 @@ S3 with these additions:
   ``GET /_whole_gets`` lists the objects read by a GET without a ``Range`` header;
   ``GET /_requests`` gives, as JSON, ``[start_s, duration_s, body_bytes]`` of every
   object GET since the last reset (times from the server's monotonic clock), from which
-  the reads in flight and their sizes follow.
+  the reads in flight and their sizes follow; ``GET /_cpu`` gives the CPU seconds (user
+  and system) the server process has used, for a benchmark on the same host.
 
 A range GET of one byte range is answered here from moto's stored object, reading only
 that range (``_range_reply``): moto itself copies the whole object twice for every range
@@ -55,6 +56,7 @@ REGION = "us-east-1"
 BYTES_PATH = "/_bytes_served"
 WHOLE_GETS_PATH = "/_whole_gets"
 REQUESTS_PATH = "/_requests"
+CPU_PATH = "/_cpu"
 LATENCY_MS = 20.0  # the per-request latency tests and benchmarks ask for
 PACE_BYTES = 64 * 2**10  # a capped body is sent in pieces of this size
 
@@ -88,6 +90,12 @@ def requests_served(endpoint: str) -> list[tuple[float, float, int]]:
     """``(start_s, duration_s, body_bytes)`` of every object GET since the last reset."""
     with urllib.request.urlopen(endpoint + REQUESTS_PATH, timeout=30) as response:
         return [tuple(r) for r in json.loads(response.read())]
+
+
+def cpu_seconds(endpoint: str) -> float:
+    """CPU seconds the server at ``endpoint`` has used so far."""
+    with urllib.request.urlopen(endpoint + CPU_PATH, timeout=5) as response:
+        return float(response.read())
 
 
 class S3Server:
@@ -176,11 +184,6 @@ class S3Server:
 
     def requests(self) -> list[tuple[float, float, int]]:
         return requests_served(self.endpoint)
-
-    def cpu_seconds(self) -> float:
-        """CPU time (user and system) the server process has used so far."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def whole_object_gets(self) -> list[str]:
         """Paths of the objects read whole (a GET without ``Range``) since the start."""
@@ -308,6 +311,9 @@ def _serve(port: int, latency_ms: float, bandwidth_mb_s: float | None, fast_rang
             with lock:
                 lock.wait_for(lambda: sending[0] == 0, timeout=10)
                 return text(start_response, json.dumps(log))
+        if path == CPU_PATH:
+            used = os.times()
+            return text(start_response, str(used.user + used.system))
         if path == BYTES_PATH:
             if environ["REQUEST_METHOD"] == "DELETE":
                 with lock:
