@@ -76,7 +76,8 @@ def items(spec: tuple[str, int, int, int]):
 
 
 def collate(items: list[dict]) -> dict:
-    """Numeric columns stacked into tensors; strings, bytes and ragged arrays as lists."""
+    """Numeric columns stacked into tensors; strings, bytes (LitData hands binary values as
+    memoryviews) and ragged arrays as lists."""
     import numpy as np
     import torch
 
@@ -84,7 +85,7 @@ def collate(items: list[dict]) -> dict:
     for key in items[0]:
         values = [item[key] for item in items]
         first = values[0]
-        if isinstance(first, (bytes, str)):
+        if isinstance(first, (bytes, str, memoryview)):
             batch[key] = values
         elif isinstance(first, np.ndarray):
             shapes = {v.shape for v in values}

@@ -19,11 +19,12 @@ from lightning_stream.workers.checks import check_sendable
 
 log = logging.getLogger(__name__)
 
-# The default clump of a table on an object store (``bench_lance.py --s3``, 200k light
-# rows): a clump's narrow columns span several of lance's storage chunks, so the chunks a
-# clump shares with its storage neighbours add little (an epoch read 1.14-1.23x the
-# table's bytes in clumps of 4,096 rows, 1.28-1.30x in clumps of 1,024, 3.5-6.9x as
-# single rows). Rows per split in turn still mix: 64 rows from 32 splits hold 32 clumps.
+# The default clump of a table on an object store (``bench_lance.py --s3``): a clump's
+# narrow columns span several of lance's storage chunks, so the chunks it shares with its
+# storage neighbours add little. An epoch of 2M light rows read 1.14-1.15x the table's
+# bytes in clumps of 4,096 rows, 6.7-9.4x as single rows; of 200k rows, 1.28-1.45x in
+# clumps of 1,024, 1.23-1.38x in 4,096, 1.21-1.29x in 16,384. Rows of each split in turn
+# still mix: 64 rows from 32 splits hold rows of 32 clumps.
 REMOTE_CLUMP_ROWS = 4096
 
 

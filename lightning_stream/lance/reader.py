@@ -50,14 +50,14 @@ LOCAL_PACE = ReadPace(io_threads=2, growth=4, read_bytes=16 * 2**20)
 # of a plan that cycles over 32 splits holds 32 runs, so its GETs are its size over 32
 # splits. Reads grow 16x at a time (the first batch's reads, then full size) to 32 MiB:
 # 12,500 clumped 22 KB rows took 771 GETs (96 KB median) instead of 1,330 (64 KB) at
-# 16 MiB and ran 1.5x faster, 0.05-0.1 GB more resident. (Going to full size straight
-# after the first read saves the whole storage chunks that the short runs of the small
-# reads fetch, about 2 MB per reading process and epoch, but the first batch then waits
-# for a full read: 1.6 s instead of 0.6 s for 2M light rows.) Four in flight keep the
-# store busy while lance decodes the ones that came back; a third and fourth start only
-# while those in flight hold less than ``read_bytes`` (with two full-size reads of 22 KB
-# rows in flight, two more made an epoch 1.6x slower: lance's decoding of four at once on
-# 2 cores).
+# 16 MiB and ran 1.5x faster, 0.05-0.1 GB more resident. (Full size straight after the
+# first read saves the storage chunks that the short runs of small reads fetch whole,
+# about 2 MB per reading process and epoch, but the first batch then waits for a full
+# read: 1.6 s instead of 0.7-0.9 s for 2M light rows at 0 workers.) Four in flight keep
+# the store busy while lance decodes the ones that came back; a third and fourth start
+# only while those in flight hold less than ``read_bytes`` (with two full-size reads of
+# 22 KB rows in flight, two more made an epoch 1.6x slower: lance's decoding of four at
+# once on 2 cores).
 REMOTE_PACE = ReadPace(io_threads=4, growth=16, read_bytes=32 * 2**20)
 
 ReadRows = Callable[[np.ndarray], pa.Table]
