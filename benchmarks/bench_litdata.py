@@ -16,6 +16,7 @@ Each configuration reads one shuffled epoch in a fresh process, batch 256, the
 configurations interleaved, ``--rounds`` rounds:
 
 - ``ours``: ``LanceDataModule`` at its defaults (32 splits, single rows shuffled);
+- ``ours-clumps``: the same with ``shuffle_clump_size=4096`` (the default on object stores);
 - ``litdata``: ``StreamingDataset(shuffle=True)`` (its default order: chunks shuffled,
   then items within a window of chunks) through ``StreamingDataLoader``, whose collate
   stacks the numeric columns into tensors and keeps strings and bytes as lists (torch's
@@ -76,8 +77,9 @@ def items(spec: tuple[str, int, int, int]):
 
 
 def collate(items: list[dict]) -> dict:
-    """Numeric columns stacked into tensors; strings, bytes (LitData hands binary values as
-    memoryviews) and ragged arrays as lists."""
+    """Numeric columns stacked into tensors; strings, bytes and ragged arrays as lists.
+    LitData hands binary values as memoryviews of its chunk: they become ``bytes``, as ours
+    are (a memoryview cannot cross from a worker, and a batch must outlive the chunk)."""
     import numpy as np
     import torch
 
@@ -85,7 +87,9 @@ def collate(items: list[dict]) -> dict:
     for key in items[0]:
         values = [item[key] for item in items]
         first = values[0]
-        if isinstance(first, (bytes, str, memoryview)):
+        if isinstance(first, memoryview):
+            batch[key] = [bytes(v) for v in values]
+        elif isinstance(first, (bytes, str)):
             batch[key] = values
         elif isinstance(first, np.ndarray):
             shapes = {v.shape for v in values}
@@ -100,13 +104,15 @@ def epoch(config: str, lance_uri: str, litdata_dir: str, batch_size: int) -> dic
     sys.path.insert(0, str(ROOT))
     reader, workers = config.split(":")
     workers = int(workers)
-    if reader == "ours":
+    if reader.startswith("ours"):
         from lightning_stream import LanceDataModule
 
         name = "heavy" if Path(lance_uri).name == "heavy" else "bench"
+        clumps = {"shuffle_clump_size": 4096} if reader == "ours-clumps" else {}
         dm = LanceDataModule(
-            lance_uri, name, num_splits=NUM_SPLITS, batch_size=batch_size, num_workers=workers
-        )
+            lance_uri, name, num_splits=NUM_SPLITS, batch_size=batch_size, num_workers=workers,
+            **clumps,
+        )  # fmt: skip
         dm.setup("fit")
         loader = dm.train_dataloader()
     else:
@@ -121,7 +127,7 @@ def epoch(config: str, lance_uri: str, litdata_dir: str, batch_size: int) -> dic
     for batch in loader:
         stamps.append((time.perf_counter(), len(batch["id"])))
         ids.extend(int(i) for i in batch["id"])
-    if reader == "ours":
+    if reader.startswith("ours"):
         dm.teardown("fit")
     return {
         **rates(start, stamps),
@@ -161,7 +167,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures")
     args = parser.parse_args()
-    configs = [f"{reader}:{w}" for w in (0, 2) for reader in ("ours", "litdata")]
+    configs = [f"{reader}:{w}" for w in (0, 2) for reader in ("ours", "ours-clumps", "litdata")]
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_tables(Path(tmp), args.rows, args.heavy_rows)
         runs = {kind: [] for kind in paths}
@@ -191,6 +197,7 @@ def summary(runs: dict) -> dict:
     for kind, rounds in runs.items():
         for workers in (0, 2):
             ours = [r[f"ours:{workers}"] for r in rounds]
+            clumped = [r[f"ours-clumps:{workers}"] for r in rounds]
             theirs = [r[f"litdata:{workers}"] for r in rounds]
             figures[f"{kind}, {workers} workers"] = {
                 "ours_rows_per_s": _spread([r["after_first"] for r in ours]),
@@ -201,6 +208,13 @@ def summary(runs: dict) -> dict:
                 "ours_over_litdata_whole_epoch": _spread(
                     [a["rows_per_s"] / b["rows_per_s"] for a, b in zip(ours, theirs, strict=True)]
                 ),
+                "clumps_over_litdata": _spread(
+                    [
+                        a["after_first"] / b["after_first"]
+                        for a, b in zip(clumped, theirs, strict=True)
+                    ]
+                ),
+                "clumps_blocks_per_64": statistics.median(r["blocks_per_64"] for r in clumped),
                 "ours_first_batch_s": statistics.median(r["first_batch_s"] for r in ours),
                 "litdata_first_batch_s": statistics.median(r["first_batch_s"] for r in theirs),
                 "ours_blocks_per_64": statistics.median(r["blocks_per_64"] for r in ours),
@@ -213,15 +227,19 @@ def summary(runs: dict) -> dict:
 def report(figures: dict) -> None:
     print(f"\n{'configuration':<18} {'ours rows/s':>11} {'LitData rows/s':>14}"
           f" {'ours/LitData (range)':>21} {'whole epoch':>18} {'first batch s':>15}"
-          f" {'blocks/64 ours':>14} {'LitData':>8}")  # fmt: skip
+          f" {'blocks/64 ours':>14} {'LitData':>8} {'clumps/LitData':>20}"
+          f" {'blocks/64':>9}")  # fmt: skip
     for name, f in figures.items():
         ratio, whole = f["ours_over_litdata"], f["ours_over_litdata_whole_epoch"]
+        clumps = f["clumps_over_litdata"]
         print(f"{name:<18} {f['ours_rows_per_s']['median']:>11.0f}"
               f" {f['litdata_rows_per_s']['median']:>14.0f}"
               f" {ratio['median']:>9.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})"
               f" {whole['median']:>6.2f} ({whole['min']:.2f}-{whole['max']:.2f})"
               f" {f['ours_first_batch_s']:>7.2f} / {f['litdata_first_batch_s']:<5.2f}"
-              f" {f['ours_blocks_per_64']:>14.1f} {f['litdata_blocks_per_64']:>8.1f}")  # fmt: skip
+              f" {f['ours_blocks_per_64']:>14.1f} {f['litdata_blocks_per_64']:>8.1f}"
+              f" {clumps['median']:>8.2f} ({clumps['min']:.2f}-{clumps['max']:.2f})"
+              f" {f['clumps_blocks_per_64']:>9.1f}")  # fmt: skip
 
 
 if __name__ == "__main__":
