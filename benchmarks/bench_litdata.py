@@ -41,7 +41,7 @@ from pathlib import Path
 
 from fresh import hand_back, run_fresh
 from lance_s3 import blocks_per_rows
-from measure import rates
+from measure import rates, shown, spread
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_SPLITS = 32
@@ -188,10 +188,6 @@ def main() -> None:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
 
 
-def _spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def summary(runs: dict) -> dict:
     figures = {}
     for kind, rounds in runs.items():
@@ -200,15 +196,15 @@ def summary(runs: dict) -> dict:
             clumped = [r[f"ours-clumps:{workers}"] for r in rounds]
             theirs = [r[f"litdata:{workers}"] for r in rounds]
             figures[f"{kind}, {workers} workers"] = {
-                "ours_rows_per_s": _spread([r["after_first"] for r in ours]),
-                "litdata_rows_per_s": _spread([r["after_first"] for r in theirs]),
-                "ours_over_litdata": _spread(
+                "ours_rows_per_s": spread([r["after_first"] for r in ours]),
+                "litdata_rows_per_s": spread([r["after_first"] for r in theirs]),
+                "ours_over_litdata": spread(
                     [a["after_first"] / b["after_first"] for a, b in zip(ours, theirs, strict=True)]
                 ),
-                "ours_over_litdata_whole_epoch": _spread(
+                "ours_over_litdata_whole_epoch": spread(
                     [a["rows_per_s"] / b["rows_per_s"] for a, b in zip(ours, theirs, strict=True)]
                 ),
-                "clumps_over_litdata": _spread(
+                "clumps_over_litdata": spread(
                     [
                         a["after_first"] / b["after_first"]
                         for a, b in zip(clumped, theirs, strict=True)
@@ -230,15 +226,13 @@ def report(figures: dict) -> None:
           f" {'blocks/64 ours':>14} {'LitData':>8} {'clumps/LitData':>20}"
           f" {'blocks/64':>9}")  # fmt: skip
     for name, f in figures.items():
-        ratio, whole = f["ours_over_litdata"], f["ours_over_litdata_whole_epoch"]
-        clumps = f["clumps_over_litdata"]
         print(f"{name:<18} {f['ours_rows_per_s']['median']:>11.0f}"
               f" {f['litdata_rows_per_s']['median']:>14.0f}"
-              f" {ratio['median']:>9.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})"
-              f" {whole['median']:>6.2f} ({whole['min']:.2f}-{whole['max']:.2f})"
+              f" {shown(f['ours_over_litdata']):>21}"
+              f" {shown(f['ours_over_litdata_whole_epoch']):>18}"
               f" {f['ours_first_batch_s']:>7.2f} / {f['litdata_first_batch_s']:<5.2f}"
               f" {f['ours_blocks_per_64']:>14.1f} {f['litdata_blocks_per_64']:>8.1f}"
-              f" {clumps['median']:>8.2f} ({clumps['min']:.2f}-{clumps['max']:.2f})"
+              f" {shown(f['clumps_over_litdata']):>20}"
               f" {f['clumps_blocks_per_64']:>9.1f}")  # fmt: skip
 
 

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from fresh import run_fresh
-from measure import PeakRss, rates
+from measure import PeakRss, rates, shown, spread
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_SPLITS = 32
@@ -172,10 +172,6 @@ def main(kind: str, rows: int, batch_size: int, rounds: int, latency_ms: float,
             "figures": figures}  # fmt: skip
 
 
-def _spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def summary(runs: list[dict], table_bytes: int) -> dict:
     figures = {}
     stores = {"s3": ""}
@@ -188,18 +184,18 @@ def summary(runs: list[dict], table_bytes: int) -> dict:
                 local = [r[f"{setting}:{workers}:local"] for r in runs]
                 s3 = [r[f"{setting}:{workers}:{store}"] for r in runs]
                 figures[f"{setting}, {workers} workers{suffix}"] = {
-                    "local_rows_per_s": _spread([r["after_first"] for r in local]),
-                    "s3_rows_per_s": _spread([r["after_first"] for r in s3]),
-                    "s3_over_local": _spread(
+                    "local_rows_per_s": spread([r["after_first"] for r in local]),
+                    "s3_rows_per_s": spread([r["after_first"] for r in s3]),
+                    "s3_over_local": spread(
                         [
                             b["after_first"] / a["after_first"]
                             for a, b in zip(local, s3, strict=True)
                         ]
                     ),
-                    "s3_over_local_whole_epoch": _spread(
+                    "s3_over_local_whole_epoch": spread(
                         [b["rows_per_s"] / a["rows_per_s"] for a, b in zip(local, s3, strict=True)]
                     ),
-                    "bytes_over_table": _spread([r["bytes"] / table_bytes for r in s3]),
+                    "bytes_over_table": spread([r["bytes"] / table_bytes for r in s3]),
                     "store_cpu_over_local_epoch": statistics.median(
                         b.get("store_cpu_s", math.nan) / (a["rows"] / a["rows_per_s"])
                         for a, b in zip(local, s3, strict=True)
@@ -226,12 +222,9 @@ def report(figures: dict) -> None:
           f" {'bytes/table':>11} {'blocks/64':>9} {'GETs':>7} {'GET KB':>7} {'in flight':>9}"
           f" {'RSS+ MB':>7} {'store CPU':>9} {'cores':>5}")  # fmt: skip
     for name, f in figures.items():
-        ratio = f["s3_over_local"]
-        spread = f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})"
-        whole = f["s3_over_local_whole_epoch"]
-        whole = f"{whole['median']:.2f} ({whole['min']:.2f}-{whole['max']:.2f})"
+        ratio, whole = shown(f["s3_over_local"]), shown(f["s3_over_local_whole_epoch"])
         print(f"{name:<46} {f['local_rows_per_s']['median']:>12.0f}"
-              f" {f['s3_rows_per_s']['median']:>10.0f} {spread:>18} {whole:>18}"
+              f" {f['s3_rows_per_s']['median']:>10.0f} {ratio:>18} {whole:>18}"
               f" {f['bytes_over_table']['median']:>11.2f} {f['blocks_per_64']:>9.1f}"
               f" {f['gets']:>7.0f} {f['median_get_kb']:>7.1f} {f['in_flight']:>9.1f}"
               f" {f['s3_peak_above_first_mb']:>7.0f}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import statistics
 import threading
 
 
@@ -74,3 +75,13 @@ def rates(start: float, stamps: list[tuple[float, int]]) -> dict[str, float]:
         return (rows[-1] - rows[begin]) / (times[-1] - times[begin])
 
     return {"rows_per_s": rate(0), "after_first": rate(1), "second_half": rate(len(stamps) // 2)}
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median and range of a figure over the rounds."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def shown(figure: dict[str, float]) -> str:
+    """A :func:`spread` as ``median (min-max)``."""
+    return f"{figure['median']:.2f} ({figure['min']:.2f}-{figure['max']:.2f})"
