@@ -31,6 +31,10 @@ class ChunkSource(Protocol):
     def pin(self, identity: dict[str, Any]) -> None:
         """Read exactly the data version named in a saved identity from now on."""
 
+    def saved_identity(self, identity: dict[str, Any]) -> dict[str, Any]:
+        """A saved identity in this version's terms (a setting whose default changed
+        meaning is written out as what it meant then)."""
+
     def chunks(
         self,
         epoch: int,
@@ -247,7 +251,7 @@ class ResumableStream:
                 " lacks the other ranks' progress and cannot resume exactly; resume from the"
                 " last checkpoint that all ranks saved"
             )
-        check_identity(state.identity, self.source.identity, self.owner)
+        check_identity(self.source.saved_identity(state.identity), self.source.identity, self.owner)
         self.source.pin(state.identity)
         if len(state.consumed) != self.source.num_splits:
             raise ValueError(

@@ -1,4 +1,4 @@
-"""The clumped shuffle (the default on object stores): a pure function of (seed, epoch,
+"""The clumped shuffle (the default): a pure function of (seed, epoch,
 split) that keeps storage runs together, so a reader fetches each clump in a few large
 range reads."""
 
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from lightning_stream import LanceDataModule
 from lightning_stream.demo import make_table
-from lightning_stream.lance.datamodule import REMOTE_CLUMP_ROWS, clump_rows
+from lightning_stream.lance.order import CLUMP_ROWS, CLUMPS_PER_SPLIT, clump_rows
 from lightning_stream.lance.source import LanceSource
 
 ROWS = 1000
@@ -61,11 +61,19 @@ def test_another_epoch_or_seed_is_another_order(table):
     assert not np.array_equal(first, split_rows(table, 1, 0, 4, 50))
 
 
-def test_the_clump_is_rows_on_local_disk_and_clumps_on_an_object_store():
-    assert clump_rows("/data/db", None) is None
-    assert clump_rows("s3://bucket/db", None) == REMOTE_CLUMP_ROWS
-    assert clump_rows("s3://bucket/db", 1) is None  # asked for single rows
-    assert clump_rows("/data/db", 4096) == 4096
+@given(rows=st.integers(1, 10**9), num_splits=st.integers(1, 512))
+def test_the_default_clump_leaves_every_split_several_clumps(rows, num_splits):
+    clump = clump_rows(None, rows, num_splits)
+    if clump is None:  # too few rows for clumps of two
+        assert rows < 2 * num_splits * CLUMPS_PER_SPLIT
+    else:
+        assert 2 <= clump <= CLUMP_ROWS
+        assert rows // num_splits // clump >= CLUMPS_PER_SPLIT
+
+
+def test_an_asked_clump_size_is_kept():
+    assert clump_rows(1, 10**6, 8) is None  # single rows
+    assert clump_rows(4096, 100, 8) == 4096
 
 
 def test_a_clumped_epoch_is_exact_and_mixes_every_split_of_the_reader(table):

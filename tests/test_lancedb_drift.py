@@ -22,12 +22,13 @@ def ids_of(rows):
     return [row["id"] for row in rows]
 
 
-def lancedb_order(table, rank, world_size, num_workers, consumed, epoch=1):
+def lancedb_order(table, rank, world_size, num_workers, consumed, clump, epoch=1):
     dataset = StreamingDataset(
         table,
         num_splits=NUM_SPLITS,
         shuffle=True,
         shuffle_seed=0,
+        shuffle_clump_size=clump,
         epoch=epoch,
         rank=rank,
         world_size=world_size,
@@ -89,7 +90,9 @@ def test_lancedb_order_matches_the_plan(table_dir, rank, world_size, num_workers
     stored = table.search().select(["id"]).with_row_id(True).limit(None).to_arrow()
     by_row = dict(zip(stored["_rowid"].to_pylist(), stored["id"].to_pylist(), strict=True))
     model = [by_row[row] for row in modelled_order(source, rank, world_size, num_workers, consumed)]
-    actual = lancedb_order(table, rank, world_size, num_workers, consumed)
+    actual = lancedb_order(
+        table, rank, world_size, num_workers, consumed, source.shuffle_clump_size
+    )
     assert actual == model, (
         f"lancedb {lancedb.__version__} serves rank {rank}/{world_size} with {num_workers}"
         " workers in another order than lightning_stream.plan models: LanceDataModule would"

@@ -5,6 +5,7 @@ import torch
 
 from lightning_stream import LanceDataModule, StreamStateCallback, ledger
 from lightning_stream.demo import arguments, run
+from lightning_stream.state import check_identity
 
 from .conftest import ROWS, assert_exact
 
@@ -82,6 +83,7 @@ def checkpoint(table_dir):
         ("filter", "id >= 0"),
         ("columns", ["id", "vec", "label"]),
         ("shuffle", False),
+        ("shuffle_clump_size", 1),
     ],
 )
 def test_resume_with_other_settings_is_refused(table_dir, checkpoint, argument, value):
@@ -89,6 +91,16 @@ def test_resume_with_other_settings_is_refused(table_dir, checkpoint, argument, 
     dm = LanceDataModule(str(table_dir / "db"), "samples", **options)
     with pytest.raises(ValueError, match=f"saved with {argument}="):
         _fit_module(dm, checkpoint)
+
+
+def test_a_checkpoint_of_single_rows_by_version_0_1_asks_for_them(table_dir):
+    # lightning-stream 0.1 recorded its default, single rows, as shuffle_clump_size=None
+    dm = LanceDataModule(str(table_dir / "db"), "samples", num_splits=12, batch_size=3)
+    dm.setup("fit")
+    source = dm.stream.source
+    saved = source.saved_identity({**source.identity, "shuffle_clump_size": None})
+    with pytest.raises(ValueError, match="Pass shuffle_clump_size=1 to resume"):
+        check_identity(saved, source.identity, "LanceDataModule")
 
 
 def test_resume_on_another_table_is_refused(table_dir, checkpoint):

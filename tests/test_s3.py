@@ -19,7 +19,7 @@ import torch
 from lightning_stream import LanceDataModule, cli, ledger
 from lightning_stream.demo import make_table
 from lightning_stream.inspect import render
-from lightning_stream.lance.datamodule import REMOTE_CLUMP_ROWS
+from lightning_stream.lance.order import clump_rows
 from lightning_stream.storage import StorageError, fsspec_options, pyarrow_filesystem
 from lightning_stream.video.datamodule import VideoEpisodeDataModule
 from lightning_stream.video.synthetic import write_dataset
@@ -77,7 +77,7 @@ def test_one_epoch_of_a_table_on_s3_is_exact(s3, workers):
     )  # fmt: skip
     counts = epoch_ids(dm)
     assert sorted(counts) == list(range(ROWS)) and set(counts.values()) == {1}
-    assert dm.stream.source.shuffle_clump_size == REMOTE_CLUMP_ROWS  # the object-store default
+    assert dm.stream.source.shuffle_clump_size == clump_rows(None, ROWS, 12) > 1  # the default
 
 
 def last_step(ledger_dir):

@@ -12,20 +12,13 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning_stream.batching import Batch
 from lightning_stream.datamodule import StreamingDataModule
 from lightning_stream.lance.evaluation import EvaluationLoader
+from lightning_stream.lance.order import CLUMP_ROWS
 from lightning_stream.lance.source import LanceSource
 from lightning_stream.plan import check_topology
 from lightning_stream.storage import check_options, is_remote
 from lightning_stream.workers.checks import check_sendable
 
 log = logging.getLogger(__name__)
-
-# The default clump of a table on an object store (``bench_lance.py --s3``): a clump's
-# narrow columns span several of lance's storage chunks, so the chunks it shares with its
-# storage neighbours add little. An epoch of 2M light rows read 1.14-1.15x the table's
-# bytes in clumps of 4,096 rows, 6.7-9.4x as single rows; of 200k rows, 1.28-1.45x in
-# clumps of 1,024, 1.23-1.38x in 4,096, 1.21-1.29x in 16,384. Rows of each split in turn
-# still mix: 64 rows from 32 splits hold rows of 32 clumps.
-REMOTE_CLUMP_ROWS = 4096
 
 
 class LanceDataModule(StreamingDataModule):
@@ -67,16 +60,20 @@ class LanceDataModule(StreamingDataModule):
             resume must use the same seed.
         shuffle_clump_size: shuffle clumps of this many storage-order rows that stay
             together instead of single rows; ``1`` shuffles single rows. Default ``None``:
-            single rows on local disk, clumps of ``REMOTE_CLUMP_ROWS`` (4,096) rows on an
-            object store, where a row shuffle fetches whole storage pages for scattered
-            rows (several times the table's bytes per epoch) and a clump is read in a few
-            large range reads (about 1x). What clumps trade: a rank's batches still mix
-            rows of all its splits (one row of each split in turn, so a batch of 64 from
-            32 splits holds rows of 32 clumps), but rows that sit next to each other in
-            storage arrive in the same split, in storage order. The clumps are lancedb's
+            clumps of ``CLUMP_ROWS`` (4,096) rows, or fewer on a table of fewer than
+            ``CLUMP_ROWS * CLUMPS_PER_SPLIT * num_splits`` rows, so that every split
+            holds at least ``CLUMPS_PER_SPLIT`` (8) clumps. Clumps are what make reads
+            fast: on an object store a row shuffle fetches whole storage pages for
+            scattered rows (several times the table's bytes per epoch) where a clump is
+            read in a few large range reads (about 1x); on local disk lance takes a clump
+            at about half the CPU of scattered rows. What they trade: a rank's batches
+            still mix rows of all its splits (one row of each split in turn, so a batch
+            of 64 from 32 splits holds rows of 32 clumps), but rows that sit next to each
+            other in storage arrive in the same split, in storage order; pass ``1`` where
+            that matters more than speed. The clumps are lancedb's
             (``StreamingDataset(shuffle_clump_size=...)``), shuffled per (seed, epoch): the
             same on every topology. A resume must use the same value; the checkpoint
-            records the size used, so resuming with another refuses.
+            records it, so resuming with another refuses.
         columns: columns to read; default ``None`` reads all.
         filter: SQL predicate selecting the training rows; default ``None`` (all rows).
         transform: callable applied to each collated batch (a dict) in the worker; it
@@ -230,7 +227,7 @@ class LanceDataModule(StreamingDataModule):
             num_splits=self.num_splits,
             shuffle=shuffle,
             shuffle_seed=self.shuffle_seed,
-            shuffle_clump_size=clump_rows(self.uri, self.shuffle_clump_size),
+            shuffle_clump_size=self.shuffle_clump_size,
             columns=self.columns,
             filter=filter,
             transform=self.transform,
@@ -264,22 +261,24 @@ class LanceDataModule(StreamingDataModule):
             )
 
     def _report_layout(self, source: LanceSource, world_size: int) -> None:
-        if is_remote(self.uri) and self.shuffle and source.shuffle_clump_size is None:
+        if is_remote(self.uri) and self.shuffle and self.shuffle_clump_size == 1:
             log.warning(
                 "%s is on an object store and rows are shuffled one by one"
                 " (shuffle_clump_size=1): each read of scattered rows fetches whole pages,"
                 " several times the table's bytes per epoch (docs/object-stores.md); leave"
-                " shuffle_clump_size=None to read clumps of %d rows",
+                " shuffle_clump_size=None to read clumps of up to %d rows",
                 self.uri,
-                REMOTE_CLUMP_ROWS,
+                CLUMP_ROWS,
             )
         surplus = source.rows % self.num_splits
         log.info(
-            "%s: %d rows in %d splits of %d; %d surplus rows per epoch are left out",
+            "%s: %d rows in %d splits of %d, shuffled in clumps of %d rows; %d surplus"
+            " rows per epoch are left out",
             source.name,
             source.rows,
             self.num_splits,
             source.split_len,
+            source.shuffle_clump_size or 1,
             surplus,
         )
         global_batch = self.batch_size * world_size
@@ -323,13 +322,6 @@ class LanceDataModule(StreamingDataModule):
             self._evaluation[stage] = self._evaluation_source(stage)
         rank, world_size = self._rank_and_world()
         return EvaluationLoader(self._evaluation[stage], rank, world_size, self.batch_size)
-
-
-def clump_rows(uri: str, shuffle_clump_size: int | None) -> int | None:
-    """Rows per shuffled clump for a table at ``uri`` (``None``: single rows)."""
-    if shuffle_clump_size is None:
-        return REMOTE_CLUMP_ROWS if is_remote(uri) else None
-    return None if shuffle_clump_size == 1 else shuffle_clump_size
 
 
 def _check_positive(**values: int) -> None:

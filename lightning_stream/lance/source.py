@@ -14,6 +14,7 @@ from lancedb.streaming import StreamingDataset
 
 from lightning_stream.batching import Batch
 from lightning_stream.lance.columns import BatchMaker, ColumnTypes
+from lightning_stream.lance.order import AUTO, clump_rows
 from lightning_stream.lance.reader import LOCAL_PACE, REMOTE_PACE, ReadCounters, TableOpener
 from lightning_stream.lance.task import ReadJob, ReadTask, cut
 from lightning_stream.plan import RankEpochPlan
@@ -100,7 +101,7 @@ class LanceSource:
         self.num_splits = num_splits
         self.shuffle = shuffle
         self.shuffle_seed = shuffle_seed
-        self.shuffle_clump_size = shuffle_clump_size
+        self.requested_clump_size = shuffle_clump_size
         self.columns = columns
         self.filter = filter
         self.transform = transform
@@ -115,6 +116,8 @@ class LanceSource:
         self.table, self.opener = open_table(self.uri, self.name, version, self.storage_options)
         self.rows = count_rows(self.table, self.filter, self.uri, self.name)
         self.split_len = self.rows // self.num_splits
+        # rows per clump (None: single rows), from the rows of this version
+        self.shuffle_clump_size = clump_rows(self.requested_clump_size, self.rows, self.num_splits)
         names = self.table.schema.names
         unknown = [c for c in self.columns or () if c not in names]
         if unknown:
@@ -138,10 +141,16 @@ class LanceSource:
             "num_splits": self.num_splits,
             "shuffle": self.shuffle,
             "shuffle_seed": self.shuffle_seed,
-            "shuffle_clump_size": self.shuffle_clump_size,
+            "shuffle_clump_size": self.requested_clump_size or AUTO,
             "filter": self.filter,
             "columns": self.columns,
         }
+
+    def saved_identity(self, identity: dict[str, Any]) -> dict[str, Any]:
+        # lightning-stream 0.1 recorded None for its default, single rows (CHANGELOG)
+        if identity.get("shuffle_clump_size", AUTO) is None:
+            return {**identity, "shuffle_clump_size": 1}
+        return identity
 
     def pin(self, identity: dict[str, Any]) -> None:
         saved = identity["version"]

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from lightning_stream.allocator import keep_read_buffers
 from lightning_stream.lance.reader import (
     BudgetedReader,
     ReadCounters,
@@ -74,6 +75,7 @@ class ReadTask:
         return _Reader(self.opener, table, counters, row)
 
     def run(self, state: _Reader, job: ReadJob) -> Iterator[Any]:
+        keep_read_buffers()
         if job.opener != state.opener:  # a resume pins another version
             state.opener, state.table = job.opener, job.opener()
         reader = BudgetedReader(

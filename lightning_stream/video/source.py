@@ -133,6 +133,9 @@ class VideoSource:
             "drop_n_last_frames": spec.drop_n_last_frames,
         }
 
+    def saved_identity(self, identity: dict[str, Any]) -> dict[str, Any]:
+        return identity
+
     def pin(self, identity: dict[str, Any]) -> None:
         if identity["version"] != self.manifest:
             raise ValueError(
