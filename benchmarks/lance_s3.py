@@ -46,8 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 NUM_SPLITS = 32
 BLOCK_ROWS = 1024
 MIX_ROWS = 64
-# ``default``: single rows shuffled on local disk, clumps on S3 (the package's defaults per
-# location); ``clumps-N``: clumps of N rows on both, one order.
+# ``default``: the package's default order (clumps of up to 4,096 rows, at least 8 per
+# split); ``rows``: single rows; ``clumps-N``: clumps of N rows. Each the same on both sides.
 SETTINGS = {
     "default": {},
     "rows": {"shuffle_clump_size": 1},

@@ -103,6 +103,9 @@ class ColumnTypes:
         """Numpy form of a batch (copies: nothing refers to the rows' Arrow buffers)."""
         wire: dict[str, Any] = {}
         for name, kind in self.kinds.items():
+            if kind == BINARY:  # bytes made from each read's buffers, not from a joined copy
+                wire[name] = rows.column(name).to_numpy()
+                continue
             column = rows.column(name).combine_chunks()
             if name in self.masked:
                 wire[name + VALID_SUFFIX] = column.is_valid().to_numpy(zero_copy_only=False)
@@ -114,8 +117,6 @@ class ColumnTypes:
                     np.array(column.flatten().to_numpy(zero_copy_only=False)),
                     pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False),
                 )
-            elif kind == BINARY:
-                wire[name] = column.to_numpy(zero_copy_only=False)
             else:
                 wire[name] = column.to_pylist()
         return wire
