@@ -1,11 +1,15 @@
 """One Python type per column, decided from the schema, on a table shaped like real data."""
 
+import lancedb
 import lightning.pytorch as pl
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
 from lightning_stream import LanceDataModule
+from lightning_stream.lance.reader import take_rows
+from lightning_stream.workers.slots import plain
 
 from .conftest import HEAVY_ROWS
 
@@ -39,6 +43,10 @@ def test_every_batch_has_one_type_per_column(heavy_uri, num_workers):
         assert {name: type(value) for name, value in batch.items()} == EXPECTED
     ids = torch.cat([b["id"] for b in batches])
     assert sorted(ids.tolist()) == list(range(HEAVY_ROWS))
+    stored = lancedb.connect(heavy_uri).open_table("heavy").to_arrow()
+    blobs = dict(zip(stored["id"].to_pylist(), stored["jpeg"].to_pylist(), strict=True))
+    for batch in batches:  # each value with its own row, whoever read it
+        assert list(batch["jpeg"]) == [blobs[i] for i in batch["id"].tolist()]
 
     batch = batches[0]
     ids = batch["id"]
@@ -97,3 +105,21 @@ def test_binary_column_reaches_training_step_as_one_numpy_array(heavy_uri, tmp_p
     )
     trainer.fit(model, datamodule=dm)
     assert model.seen and all(seen == EXPECTED for seen in model.seen)
+
+
+def test_rows_come_back_in_the_order_asked_with_their_nulls(tmp_path):
+    # binary and string values are reordered by their views, not copied
+    ids = np.arange(300)
+    names = [None if i % 7 == 0 else f"name {i}" for i in ids]
+    blobs = [None if i % 5 == 0 else bytes([i % 256]) * (i + 1) for i in ids]
+    table = lancedb.connect(str(tmp_path)).create_table(
+        "t", pa.table({"id": ids, "name": names, "blob": pa.array(blobs, pa.binary())})
+    )
+    row_ids = np.random.default_rng(0).permutation(300)  # one fragment: row id == offset
+    rows = take_rows(table, None)(row_ids)
+    assert rows["id"].to_pylist() == row_ids.tolist()
+    assert rows["name"].to_pylist() == [names[i] for i in row_ids]
+    assert rows["blob"].to_pylist() == [blobs[i] for i in row_ids]
+    crossed = plain(rows)  # as a worker's batch crosses to the main process
+    assert crossed.schema.field("blob").type == pa.binary()
+    assert crossed["blob"].to_pylist() == [blobs[i] for i in row_ids]

@@ -106,7 +106,9 @@ class ColumnTypes:
             if kind == BINARY:  # bytes made from each read's buffers, not from a joined copy
                 wire[name] = rows.column(name).to_numpy()
                 continue
-            column = rows.column(name).combine_chunks()
+            chunks = rows.column(name)
+            # joining copies, and a batch within one read is one chunk already
+            column = chunks.chunk(0) if chunks.num_chunks == 1 else chunks.combine_chunks()
             if name in self.masked:
                 wire[name + VALID_SUFFIX] = column.is_valid().to_numpy(zero_copy_only=False)
             if kind == TENSOR:

@@ -125,9 +125,39 @@ def take_rows(table, columns: list[str] | None) -> ReadRows:
         got = rows.column("_rowid").to_numpy()
         order = np.argsort(got, kind="stable")
         where = order[np.searchsorted(got, row_ids, sorter=order)]
-        return rows.drop_columns(["_rowid"]).take(pa.array(where))
+        rows = rows.drop_columns(["_rowid"])
+        return pa.table([_reordered(column, where) for column in rows.columns], rows.schema)
 
     return read
+
+
+# Binary and string values are reordered by their views (16 bytes a value) over lance's
+# buffers instead of copied: a read's bytes are then copied once, into the batch's
+# ``bytes`` (22 KB rows: 0.1 s of CPU less per epoch of 0.55 GB, about a tenth of it).
+# Views stay in the reading process: a worker's batch crosses as plain arrays
+# (:func:`lightning_stream.workers.slots.pack`).
+_VIEW_TYPES = {
+    pa.binary(): pa.binary_view(),
+    pa.large_binary(): pa.binary_view(),
+    pa.string(): pa.string_view(),
+    pa.large_string(): pa.string_view(),
+}
+
+
+def _reordered(column: pa.ChunkedArray, where: np.ndarray) -> pa.Array:
+    """``column.take(where)``, with binary and string values not copied."""
+    view_type = _VIEW_TYPES.get(column.type)
+    if view_type is None:
+        return column.take(where)
+    # one chunk at the sizes reads have (lance's batches are 1,024 rows); joining copies
+    joined = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    views = joined.cast(view_type)
+    buffers = views.buffers()
+    slots = np.frombuffer(buffers[1], dtype="V16")[views.offset : views.offset + len(views)]
+    validity = views.is_valid().take(where).buffers()[1] if views.null_count else None
+    return pa.Array.from_buffers(
+        view_type, len(where), [validity, pa.py_buffer(slots[where]), *buffers[2:]]
+    )
 
 
 class BudgetedReader:
