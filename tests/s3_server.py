@@ -288,7 +288,7 @@ def _serve(port: int, latency_ms: float, bandwidth_mb_s: float | None, fast_rang
         MotoRequestHandler,
         create_backend_app,
     )
-    from werkzeug.serving import run_simple
+    from werkzeug.serving import BaseWSGIServer, run_simple
 
     app = DomainDispatcherApplication(create_backend_app)
     served = [0]
@@ -356,6 +356,10 @@ def _serve(port: int, latency_ms: float, bandwidth_mb_s: float | None, fast_rang
     # werkzeug logs a line per request under one handler lock: a third of the server's
     # CPU under thousands of range reads a second (py-spy)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    # A store accepts every connection: with werkzeug's backlog of 128, two readers' bursts
+    # of new connections overflowed it (TcpExtListenOverflows), and each dropped SYN cost
+    # its GET a second's retransmit: an epoch of 2 workers stalled in half-second gaps.
+    BaseWSGIServer.request_queue_size = 4096
     run_simple("127.0.0.1", port, counting, threaded=True, request_handler=MotoRequestHandler)
 
 
