@@ -14,6 +14,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 FORMAT = 1
+# A setting recorded as left at its default (``None``), whose value follows from the data
+# (e.g. the clump size from the table's rows): the same data gives the same value.
+DEFAULT = "default"
 
 
 @dataclass
@@ -77,8 +80,14 @@ def check_identity(saved: Mapping[str, Any], current: Mapping[str, Any], owner: 
         if key == "version":
             continue
         if saved.get(key) != value:
+            was, now = _argument(saved.get(key)), _argument(value)
             raise ValueError(
-                f"the checkpoint's data stream was saved with {key}={saved.get(key)!r}, but"
-                f" this {owner} has {key}={value!r}. Pass {key}={saved.get(key)!r} to resume"
-                " this run exactly, or start a new run without ckpt_path."
+                f"the checkpoint's data stream was saved with {key}={was!r}, but this"
+                f" {owner} has {key}={now!r}. Pass {key}={was!r} to resume this run exactly,"
+                " or start a new run without ckpt_path."
             )
+
+
+def _argument(recorded: Any) -> Any:
+    """The argument that gives a recorded setting."""
+    return None if recorded == DEFAULT else recorded

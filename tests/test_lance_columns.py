@@ -117,6 +117,7 @@ def test_rows_come_back_in_the_order_asked_with_their_nulls(tmp_path):
     )
     row_ids = np.random.default_rng(0).permutation(300)  # one fragment: row id == offset
     rows = take_rows(table, None)(row_ids)
+    assert rows.schema.field("blob").type == pa.binary_view()  # views over lance's buffers
     assert rows["id"].to_pylist() == row_ids.tolist()
     assert rows["name"].to_pylist() == [names[i] for i in row_ids]
     assert rows["blob"].to_pylist() == [blobs[i] for i in row_ids]

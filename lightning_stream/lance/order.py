@@ -18,8 +18,6 @@ CLUMP_ROWS = 4096
 # as a split would leave each split one storage run, in the same order every epoch).
 CLUMPS_PER_SPLIT = 8
 
-AUTO = "auto"
-
 
 def clump_rows(requested: int | None, rows: int, num_splits: int) -> int | None:
     """Rows per shuffled clump (``None``: single rows).

@@ -126,7 +126,8 @@ def take_rows(table, columns: list[str] | None) -> ReadRows:
         order = np.argsort(got, kind="stable")
         where = order[np.searchsorted(got, row_ids, sorter=order)]
         rows = rows.drop_columns(["_rowid"])
-        return pa.table([_reordered(column, where) for column in rows.columns], rows.schema)
+        reordered = [_reordered(column, where) for column in rows.columns]
+        return pa.Table.from_arrays(reordered, names=rows.column_names)  # view types kept
 
     return read
 

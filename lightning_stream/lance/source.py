@@ -14,10 +14,11 @@ from lancedb.streaming import StreamingDataset
 
 from lightning_stream.batching import Batch
 from lightning_stream.lance.columns import BatchMaker, ColumnTypes
-from lightning_stream.lance.order import AUTO, clump_rows
+from lightning_stream.lance.order import clump_rows
 from lightning_stream.lance.reader import LOCAL_PACE, REMOTE_PACE, ReadCounters, TableOpener
 from lightning_stream.lance.task import ReadJob, ReadTask, cut
 from lightning_stream.plan import RankEpochPlan
+from lightning_stream.state import DEFAULT
 from lightning_stream.storage import is_remote, storage_error
 from lightning_stream.workers.pool import WorkerDied, WorkerPool
 from lightning_stream.workers.slots import SLOTS
@@ -141,14 +142,15 @@ class LanceSource:
             "num_splits": self.num_splits,
             "shuffle": self.shuffle,
             "shuffle_seed": self.shuffle_seed,
-            "shuffle_clump_size": self.requested_clump_size or AUTO,
+            # the clump size follows from the pinned version's rows; unshuffled, none
+            "shuffle_clump_size": (self.requested_clump_size or DEFAULT) if self.shuffle else None,
             "filter": self.filter,
             "columns": self.columns,
         }
 
     def saved_identity(self, identity: dict[str, Any]) -> dict[str, Any]:
         # lightning-stream 0.1 recorded None for its default, single rows (CHANGELOG)
-        if identity.get("shuffle_clump_size", AUTO) is None:
+        if identity.get("shuffle") and identity.get("shuffle_clump_size", DEFAULT) is None:
             return {**identity, "shuffle_clump_size": 1}
         return identity
 
