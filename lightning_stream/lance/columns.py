@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 import torch
 
 from lightning_stream.batching import Batch, check_columnar
+from lightning_stream.lance.reader import one_array
 
 TENSOR, VARLIST, STRING, BINARY, PYTHON = "tensor", "varlist", "string", "binary", "python"
 VALID_SUFFIX = "_valid"
@@ -106,9 +107,7 @@ class ColumnTypes:
             if kind == BINARY:  # bytes made from each read's buffers, not from a joined copy
                 wire[name] = rows.column(name).to_numpy()
                 continue
-            chunks = rows.column(name)
-            # joining copies, and a batch within one read is one chunk already
-            column = chunks.chunk(0) if chunks.num_chunks == 1 else chunks.combine_chunks()
+            column = one_array(rows.column(name))
             if name in self.masked:
                 wire[name + VALID_SUFFIX] = column.is_valid().to_numpy(zero_copy_only=False)
             if kind == TENSOR:

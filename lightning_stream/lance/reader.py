@@ -145,14 +145,18 @@ _VIEW_TYPES = {
 }
 
 
+def one_array(column: pa.ChunkedArray) -> pa.Array:
+    """``column`` as one array, joined (a copy) only when it has several chunks: a read
+    below 1,024 rows (lance's batch), or a batch within one read, is one chunk already."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 def _reordered(column: pa.ChunkedArray, where: np.ndarray) -> pa.Array:
     """``column.take(where)``, with binary and string values not copied."""
     view_type = _VIEW_TYPES.get(column.type)
     if view_type is None:
         return column.take(where)
-    # one chunk at the sizes reads have (lance's batches are 1,024 rows); joining copies
-    joined = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-    views = joined.cast(view_type)
+    views = one_array(column).cast(view_type)
     buffers = views.buffers()
     slots = np.frombuffer(buffers[1], dtype="V16")[views.offset : views.offset + len(views)]
     validity = views.is_valid().take(where).buffers()[1] if views.null_count else None
