@@ -1,0 +1,109 @@
+"""How fast lance's own reads of a table go from S3 on this host, with nothing else running.
+
+``python benchmarks/lance_s3_ceiling.py [--heavy-rows 25000] [--latency-ms 20]``
+
+The heavy table of ``bench_lance.py --s3 --heavy`` is read whole with lance's take by
+row id (``take_rows``, the call the data module's reads make), in clumps of storage-order
+rows of the data module's default size taken in a shuffled order, ``--read-rows`` rows a
+read, ``--threads`` reads at once, from local disk and from the test S3 server (moto
+behind an aiohttp front, every request answered after ``--latency-ms``), interleaved,
+``--rounds`` rounds. Nothing consumes the rows: no batches, no training step, no
+workers. Whole clumps in one run are friendlier to S3 than the module's reads, which
+cycle over 32 splits and so fetch each clump in a few pieces.
+
+Reported, median (range) over the rounds: the wall time and CPU seconds of local and S3
+reads, S3/local as a rate, and the S3 server's CPU. The rate is a ceiling for any loader
+built on lance's take on this host: if the bare reads from S3 run at 0.6 of local, a
+loader that also builds batches cannot reach 0.8 here. The server shares the reader's
+cores (2 here); a real store's CPU is elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NUM_SPLITS = 32
+
+
+def read_all(table, clumps: list, threads: int, read_rows: int) -> tuple[float, float]:
+    """Wall and CPU seconds of reading every row of ``clumps`` (row-id arrays, in order)."""
+    import numpy as np
+
+    from lightning_stream.lance.reader import take_rows
+
+    ids = np.concatenate(clumps)
+    reads = [ids[i : i + read_rows] for i in range(0, len(ids), read_rows)]
+    read = take_rows(table, None)
+    read(reads[0][:16])  # the table's files opened, as by the module's first small read
+    wall, cpu = time.perf_counter(), time.process_time()
+    with ThreadPoolExecutor(threads) as pool:
+        rows = sum(t.num_rows for t in pool.map(read, reads))
+    assert rows == len(ids)
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--heavy-rows", type=int, default=25_000)
+    parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--read-rows", type=int, default=760, help="rows a read (32 MiB)")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    import lancedb
+    import numpy as np
+
+    from lightning_stream.allocator import keep_read_buffers
+    from lightning_stream.lance.order import clump_rows
+    from lightning_stream.lance.synthetic import make_heavy_table
+    from tests.s3_server import S3Server, cpu_seconds, storage_options
+
+    keep_read_buffers()  # as every reading process of the module does
+    with tempfile.TemporaryDirectory() as tmp, S3Server(latency_ms=args.latency_ms) as s3:
+        local = Path(tmp) / "heavy"
+        make_heavy_table(str(local), args.heavy_rows)
+        s3.create_bucket("bench")
+        s3.upload(local, "s3://bench/heavy")
+        tables = {
+            "local": lancedb.connect(str(local)).open_table("heavy"),
+            "s3": lancedb.connect("s3://bench/heavy", storage_options=storage_options(s3.endpoint))
+            .open_table("heavy"),
+        }  # fmt: skip
+        row_ids = (
+            tables["local"].search().select(["id"]).with_row_id(True).limit(None).to_arrow()
+        ).column("_rowid").to_numpy()  # fmt: skip
+        size = clump_rows(None, len(row_ids), NUM_SPLITS)
+        clumps = [row_ids[i : i + size] for i in range(0, len(row_ids), size)]
+        print(
+            f"{len(row_ids)} rows in clumps of {size}; reads of {args.read_rows} rows,"
+            f" {args.threads} at once; S3 latency {args.latency_ms:g} ms",
+            flush=True,
+        )
+        runs: dict[str, list[float]] = {}
+        for round_ in range(args.rounds):
+            order = np.random.default_rng(round_).permutation(len(clumps))
+            ordered = [clumps[i] for i in order]
+            store_cpu = cpu_seconds(s3.endpoint)
+            for store, table in tables.items():
+                wall, cpu = read_all(table, ordered, args.threads, args.read_rows)
+                runs.setdefault(f"{store} wall s", []).append(wall)
+                runs.setdefault(f"{store} cpu s", []).append(cpu)
+            runs.setdefault("store cpu s", []).append(cpu_seconds(s3.endpoint) - store_cpu)
+            runs.setdefault("S3/local", []).append(runs["local wall s"][-1] / runs["s3 wall s"][-1])
+            print(f"round {round_}", {k: round(v[-1], 3) for k, v in runs.items()}, flush=True)
+        for name, values in runs.items():
+            print(
+                f"{name:14} {statistics.median(values):6.2f} ({min(values):.2f}-{max(values):.2f})"
+            )
+
+
+if __name__ == "__main__":
+    main()
