@@ -55,7 +55,12 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=4)
-    parser.add_argument("--read-rows", type=int, default=760, help="rows a read (32 MiB)")
+    parser.add_argument(
+        "--read-rows",
+        type=int,
+        default=1500,
+        help="rows a read (32 MiB, the module's remote reads)",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     import lancedb

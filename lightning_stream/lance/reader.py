@@ -26,19 +26,17 @@ FIRST_READ_ROWS = 16
 @dataclass(frozen=True)
 class ReadPace:
     """How one reading process reads: reads in flight at once, the factor each read's
-    size grows by over the one before, the size they grow to, and the bytes that the
-    reads in flight may hold (estimated) before a third or later one starts."""
+    size grows by over the one before, and the size they grow to."""
 
     io_threads: int
     growth: int
     read_bytes: int
-    in_flight_bytes: int
 
     def for_workers(self) -> ReadPace:
         """The pace of each reading worker: the rank's workers together run about as
         many reads as its main process does alone, each at most ``WORKER_READ_BYTES``."""
         read_bytes = min(self.read_bytes, WORKER_READ_BYTES)
-        return ReadPace(max(1, self.io_threads // 2), self.growth, read_bytes, read_bytes)
+        return ReadPace(max(1, self.io_threads // 2), self.growth, read_bytes)
 
 
 # Two reading workers of 22 KB rows on an object store (``bench_lance.py --s3 --heavy``,
@@ -53,7 +51,7 @@ WORKER_READ_BYTES = 16 * 2**20
 # rows: 1,500-row reads took about 0.6x the CPU of 380-row ones). While a read runs lance
 # holds several times its size: 16 MiB keeps a reading process's memory flat through an
 # epoch (32 MiB was faster but grew 0.25 GB and kept creeping).
-LOCAL_PACE = ReadPace(io_threads=2, growth=4, read_bytes=16 * 2**20, in_flight_bytes=16 * 2**20)
+LOCAL_PACE = ReadPace(io_threads=2, growth=4, read_bytes=16 * 2**20)
 # Object store (``bench_lance.py --s3``, 20 ms a request): every read waits a round trip
 # and its pages arrive as at least one GET per column and contiguous run of rows; a read
 # of a plan that cycles over 32 splits holds 32 runs, so its GETs are its size over 32
@@ -64,11 +62,12 @@ LOCAL_PACE = ReadPace(io_threads=2, growth=4, read_bytes=16 * 2**20, in_flight_b
 # about 2 MB per reading process and epoch, but the first batch then waits for a full
 # read: 1.6 s instead of 0.7-0.9 s for 2M light rows at 0 workers.) Four full-size reads
 # in flight hide the round trips while lance decodes the ones that came back: 25k rows of
-# 22 KB at 0 workers ran at 0.64 of local after the first batch with four (0.3 GB above
-# it), 0.43 with two (0.29 GB); 2M light rows 0.98 and 0.89 (0.72 and 0.64 GB).
-REMOTE_PACE = ReadPace(
-    io_threads=4, growth=16, read_bytes=32 * 2**20, in_flight_bytes=3 * 32 * 2**20
-)
+# 22 KB at 0 workers, 20 ms, ran at 0.43 (0.39-0.49) of local after the first batch with
+# at most two full-size reads in flight and 0.64 (0.57-0.66) with four, 0.29 and 0.31 GB
+# above the first batch (one 3-round run each); 2M light rows 0.89 and 0.98 (0.64 and
+# 0.72 GB). (With a test store that spent 0.8 ms of CPU per GET on the same 2 cores, two
+# more had made the epoch 1.6x slower.)
+REMOTE_PACE = ReadPace(io_threads=4, growth=16, read_bytes=32 * 2**20)
 
 ReadRows = Callable[[np.ndarray], pa.Table]
 
@@ -227,11 +226,6 @@ class BudgetedReader:
                 while next_row < total and len(pending) < self.pace.io_threads:
                     if self.row_bytes is None and pending:
                         return  # learn the row size before sizing more reads
-                    if (
-                        len(pending) >= 2
-                        and sum(e for _, e in pending) >= self.pace.in_flight_bytes
-                    ):
-                        return  # see ReadPace
                     rows = min(self._next_read_rows(), total - next_row)
                     estimate = int(rows * (self.row_bytes or 0))
                     if self.held and self.held + estimate > self.budget:
