@@ -12,9 +12,9 @@ workers. Whole clumps in one run are friendlier to S3 than the module's reads, w
 cycle over 32 splits and so fetch each clump in a few pieces.
 
 Reported, median (range) over the rounds: the wall time and CPU seconds of local and S3
-reads, S3/local as a rate, and the S3 server's CPU. The rate is a ceiling for any loader
-built on lance's take on this host: if the bare reads from S3 run at 0.6 of local, a
-loader that also builds batches cannot reach 0.8 here. The server shares the reader's
+reads, S3/local as a rate, and the S3 server's CPU. The rate bounds, within the noise
+of a shared host, any loader built on lance's take here: if the bare reads from S3 run
+at 0.6 of local, a loader that also builds batches does not reach 0.8. The server shares the reader's
 cores (2 here); a real store's CPU is elsewhere.
 """
 
