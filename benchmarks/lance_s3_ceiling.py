@@ -14,8 +14,8 @@ cycle over 32 splits and so fetch each clump in a few pieces.
 Reported, median (range) over the rounds: the wall time and CPU seconds of local and S3
 reads, S3/local as a rate, and the S3 server's CPU. The rate bounds, within the noise
 of a shared host, any loader built on lance's take here: if the bare reads from S3 run
-at 0.6 of local, a loader that also builds batches does not reach 0.8. The server shares the reader's
-cores (2 here); a real store's CPU is elsewhere.
+at 0.6 of local, a loader that also builds batches does not reach 0.8. The server shares
+the reader's cores (2 here); a real store's CPU is elsewhere.
 """
 
 from __future__ import annotations
