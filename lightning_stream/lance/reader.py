@@ -138,7 +138,7 @@ def take_rows(table, columns: list[str] | None) -> ReadRows:
 # buffers instead of copied: a read's bytes are then copied once, into the batch's
 # ``bytes`` (25k rows of 22 KB at 0 workers: 49-52k rows/s with a copying reorder, 56-61k).
 # Views stay in the reading process: a worker's batch crosses as plain arrays
-# (:func:`lightning_stream.workers.slots.pack`).
+# (:func:`lightning_stream.workers.slots.plain`).
 _VIEW_TYPES = {
     pa.binary(): pa.binary_view(),
     pa.large_binary(): pa.binary_view(),

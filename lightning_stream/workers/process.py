@@ -33,7 +33,7 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
-from lightning_stream.workers.slots import SLOTS, Arena, fetch, pack, post, to_pipe
+from lightning_stream.workers.slots import SLOTS, Arena, fetch, pack, plain, post, to_pipe
 
 _PR_SET_NAME = 15
 
@@ -206,6 +206,7 @@ class _Server:
             payloads.close()
 
     def pack(self, job_id: int, index: int, payload: Any) -> tuple:
+        payload = plain(payload)
         slot = self.free[-1]
         size = pack(payload, self.arena.slot(self.worker, slot))
         counters = self.task.counters(self.state)

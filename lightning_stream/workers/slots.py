@@ -61,20 +61,22 @@ class Arena:
 _PLAIN_TYPES = {pa.binary_view(): pa.binary(), pa.string_view(): pa.string()}
 
 
-def plain(table: pa.Table) -> pa.Table:
-    """``table`` with its view columns as plain arrays: the IPC stream of a view array
-    carries every buffer its values sit in (a reader's whole read), a plain array only
-    its own rows' values."""
-    if not any(field.type in _PLAIN_TYPES for field in table.schema):
-        return table
-    fields = [field.with_type(_PLAIN_TYPES.get(field.type, field.type)) for field in table.schema]
-    return table.cast(pa.schema(fields))
+def plain(payload: Any) -> Any:
+    """``payload`` as it crosses to another process: an Arrow table's view columns as
+    plain arrays (the IPC stream of a view array carries every buffer its values sit in,
+    a reader's whole read; a plain array only its own rows' values); else as it is."""
+    if not isinstance(payload, pa.Table):
+        return payload
+    schema = payload.schema
+    if not any(field.type in _PLAIN_TYPES for field in schema):
+        return payload
+    fields = [field.with_type(_PLAIN_TYPES.get(field.type, field.type)) for field in schema]
+    return payload.cast(pa.schema(fields))
 
 
 def pack(payload: Any, into: memoryview) -> int | None:
     """Write ``payload`` into the slot ``into``; the bytes used, ``None`` if it does not fit."""
     if isinstance(payload, pa.Table):
-        payload = plain(payload)
         sizing = pa.MockOutputStream()
         with pa.ipc.new_stream(sizing, payload.schema) as writer:
             writer.write_table(payload)
@@ -126,7 +128,6 @@ class _Piped:
     def __init__(self, payload: Any) -> None:
         self.arrow = isinstance(payload, pa.Table)
         if self.arrow:
-            payload = plain(payload)
             sink = pa.BufferOutputStream()
             with pa.ipc.new_stream(sink, payload.schema) as writer:
                 writer.write_table(payload)
