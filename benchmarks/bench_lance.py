@@ -186,6 +186,9 @@ def main() -> None:
         "--settings", help="--s3: comma-separated shuffle settings of lance_s3.SETTINGS (all)"
     )
     parser.add_argument(
+        "--step-ms", type=float, default=0.0, help="--s3: wait after each batch (a training step)"
+    )
+    parser.add_argument(
         "--json", type=Path, metavar="PATH", help="also write the reported figures to PATH"
     )
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -205,7 +208,7 @@ def main() -> None:
         settings = args.settings.split(",") if args.settings else None
         figures = {"run": "s3", **lance_s3.main(kind, rows, args.batch_size, args.rounds,
                                                 args.latency_ms, args.bandwidth_mb_s,
-                                                args.before, settings)}  # fmt: skip
+                                                args.before, settings, args.step_ms)}  # fmt: skip
     elif args.heavy:
         import lance_heavy
 

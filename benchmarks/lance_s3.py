@@ -6,7 +6,9 @@ disk and uploaded as it is to a bucket of ``tests/s3_server.py`` (moto on 127.0.
 every request answered after ``--latency-ms``, default 20; a body's rate capped by
 ``--bandwidth-mb-s``). Each configuration (a shuffle setting, 0 or 2 workers, local or
 S3) reads one epoch with ``LanceDataModule`` (32 splits) in a fresh process, the
-configurations interleaved, ``--rounds`` rounds (default 3).
+configurations interleaved, ``--rounds`` rounds (default 3). ``--step-ms`` follows every
+batch with a wait of that many ms in the consumer: a training step slower than the reads
+that leaves the host's cores to the reader, as a step on a GPU does (default 0: none).
 
 Reported per shuffle setting and worker count, over the rounds (median and range):
 
@@ -66,8 +68,9 @@ def blocks_per_rows(ids, rows: int = MIX_ROWS, block: int = BLOCK_ROWS) -> float
     return float(np.mean([len(np.unique(g)) for g in groups]))
 
 
-def epoch(config: str, uri: str, endpoint: str, batch_size: int) -> dict:
-    """One epoch of configuration ``setting:workers:store``, in this (fresh) process."""
+def epoch(config: str, uri: str, endpoint: str, batch_size: int, step_ms: float = 0) -> dict:
+    """One epoch of configuration ``setting:workers:store``, in this (fresh) process,
+    each batch followed by a wait of ``step_ms``."""
     sys.path.insert(0, str(ROOT))
     from lightning_stream import LanceDataModule
     from tests.s3_server import bytes_served, cpu_seconds, requests_served, storage_options
@@ -94,6 +97,7 @@ def epoch(config: str, uri: str, endpoint: str, batch_size: int) -> dict:
                 first_rss = rss.peak
             stamps.append((time.perf_counter(), len(batch["id"])))
             ids.extend(batch["id"].tolist())
+            time.sleep(step_ms / 1000)
         elapsed = time.perf_counter() - start
         cpu = time.process_time() - cpu
     result = {
@@ -118,7 +122,7 @@ def epoch(config: str, uri: str, endpoint: str, batch_size: int) -> dict:
 
 def main(kind: str, rows: int, batch_size: int, rounds: int, latency_ms: float,
          bandwidth_mb_s: float | None, before: Path | None = None,
-         settings: list[str] | None = None) -> dict:  # fmt: skip
+         settings: list[str] | None = None, step_ms: float = 0) -> dict:  # fmt: skip
     """Runs every configuration, prints the report, and returns its figures.
 
     ``settings``: names of ``SETTINGS`` to run (default: all).
@@ -148,8 +152,8 @@ def main(kind: str, rows: int, batch_size: int, rounds: int, latency_ms: float,
             server.create_bucket("bench")
             server.upload(local, f"s3://bench/{local.name}")
             print(f"{kind} table: {rows} rows, {table_bytes / 1e6:.1f} MB; batch {batch_size};"
-                  f" S3 latency {latency_ms:g} ms, bandwidth cap {bandwidth_mb_s} MB/s",
-                  flush=True)  # fmt: skip
+                  f" S3 latency {latency_ms:g} ms, bandwidth cap {bandwidth_mb_s} MB/s;"
+                  f" step {step_ms:g} ms", flush=True)  # fmt: skip
             stores = ("local", "s3", "s3-before") if before else ("local", "s3")
             settings = settings or list(SETTINGS)
             configs = [f"{s}:{w}:{store}" for s in settings for w in (0, 2)
@@ -162,12 +166,14 @@ def main(kind: str, rows: int, batch_size: int, rounds: int, latency_ms: float,
                     if config.endswith(":s3-before"):
                         script = str(before / "benchmarks" / "lance_s3.py")
                         asked = config.removesuffix("-before")
-                    arguments = [script, asked, str(local), server.endpoint, str(batch_size)]
+                    arguments = [script, asked, str(local), server.endpoint, str(batch_size),
+                                 str(step_ms)]  # fmt: skip
                     runs[-1][config] = run_fresh(arguments, f"round {round_} {config:<34}")
     figures = summary(runs, table_bytes)
     report(figures)
     return {"table": kind, "rows": rows, "table_bytes": table_bytes, "batch_size": batch_size,
             "latency_ms": latency_ms, "bandwidth_mb_s": bandwidth_mb_s, "rounds": rounds,
+            "step_ms": step_ms,
             "before": str(before) if before else None, "runs": runs,
             "figures": figures}  # fmt: skip
 
@@ -234,5 +240,5 @@ def report(figures: dict) -> None:
 if __name__ == "__main__":
     from fresh import hand_back
 
-    config, uri, endpoint, batch = sys.argv[1:5]
-    hand_back(epoch(config, uri, endpoint, int(batch)))
+    config, uri, endpoint, batch, step_ms = sys.argv[1:6]
+    hand_back(epoch(config, uri, endpoint, int(batch), float(step_ms)))
