@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lightning_stream import LanceDataModule
-from lightning_stream.lance.reader import take_rows
+from lightning_stream.lance.reader import held_bytes, take_rows
 from lightning_stream.workers.slots import plain
 
 from .conftest import HEAVY_ROWS
@@ -108,14 +108,15 @@ def test_binary_column_reaches_training_step_as_one_numpy_array(heavy_uri, tmp_p
 
 
 def test_rows_come_back_in_the_order_asked_with_their_nulls(tmp_path):
-    # binary and string values are reordered by their views, not copied
-    ids = np.arange(300)
+    # binary and string values are reordered by their views, not copied; 3,000 rows come
+    # from lance as three chunks that share their binary data
+    ids = np.arange(3000)
     names = [None if i % 7 == 0 else f"name {i}" for i in ids]
-    blobs = [None if i % 5 == 0 else bytes([i % 256]) * (i + 1) for i in ids]
+    blobs = [None if i % 5 == 0 else bytes([i % 256]) * (i % 300 + 13) for i in ids]
     table = lancedb.connect(str(tmp_path)).create_table(
         "t", pa.table({"id": ids, "name": names, "blob": pa.array(blobs, pa.binary())})
     )
-    row_ids = np.random.default_rng(0).permutation(300)  # one fragment: row id == offset
+    row_ids = np.random.default_rng(0).permutation(3000)  # one fragment: row id == offset
     rows = take_rows(table, None)(row_ids)
     assert rows.schema.field("blob").type == pa.binary_view()  # views over lance's buffers
     assert rows["id"].to_pylist() == row_ids.tolist()
@@ -124,3 +125,6 @@ def test_rows_come_back_in_the_order_asked_with_their_nulls(tmp_path):
     crossed = plain(rows)  # as a worker's batch crosses to the main process
     assert crossed.schema.field("blob").type == pa.binary()
     assert crossed["blob"].to_pylist() == [blobs[i] for i in row_ids]
+    # the bytes held count lance's shared data buffer once: within the copy's size and
+    # its offsets and views
+    assert crossed.nbytes <= held_bytes(rows) <= crossed.nbytes + 20 * len(row_ids)
