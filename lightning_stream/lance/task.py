@@ -68,6 +68,7 @@ class ReadTask:
     pace: ReadPace
 
     def open(self, worker: int) -> _Reader:
+        keep_read_buffers()  # before lancedb starts its threads here
         return _Reader(self.opener, self.opener(), ReadCounters(1), 0)
 
     def reader_of(self, table: Any, counters: ReadCounters, row: int) -> _Reader:
@@ -75,7 +76,6 @@ class ReadTask:
         return _Reader(self.opener, table, counters, row)
 
     def run(self, state: _Reader, job: ReadJob) -> Iterator[Any]:
-        keep_read_buffers()
         if job.opener != state.opener:  # a resume pins another version
             state.opener, state.table = job.opener, job.opener()
         reader = BudgetedReader(

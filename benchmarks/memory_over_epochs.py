@@ -1,0 +1,89 @@
+"""Resident memory of a reading process epoch after epoch, with the package's allocator
+settings and with glibc's defaults.
+
+``python benchmarks/memory_over_epochs.py [--rows 2000000] [--heavy] [--epochs 8]
+[--rounds 2]`` writes one table (light rows as ``bench_lance.py`` writes them, or
+``--heavy``: 25k rows of 22 KB), then reads ``--epochs`` epochs of it at 0 workers in a
+fresh process per setting (``package``: :mod:`lightning_stream.allocator`'s settings;
+``glibc``: ``LIGHTNING_STREAM_MALLOC=0``), the settings interleaved over ``--rounds``.
+Reported per run: rows/s of each epoch, the resident memory at each epoch's end and the
+peak. A reader whose memory is bounded ends its last epoch about where it ended its
+first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fresh import hand_back, run_fresh
+
+SETTINGS = {"package": {}, "glibc": {"LIGHTNING_STREAM_MALLOC": "0"}}
+
+
+def resident_mb() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def epochs(uri: str, name: str, count: int) -> dict:
+    """``count`` epochs of the table at 0 workers in this process."""
+    from lightning_stream import LanceDataModule
+
+    dm = LanceDataModule(uri, name, num_splits=32, batch_size=256, num_workers=0)
+    dm.setup("fit")
+    rates, ends = [], []
+    for _ in range(count):
+        rows, start = 0, time.perf_counter()
+        for batch in dm.train_dataloader():
+            rows += len(batch["id"])
+        rates.append(round(rows / (time.perf_counter() - start)))
+        ends.append(round(resident_mb()))
+    dm.teardown("fit")
+    peak = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return {"rows_per_s": rates, "end_rss_mb": ends, "peak_rss_mb": peak}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--heavy", action="store_true")
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--run", nargs=2, help=argparse.SUPPRESS)  # uri, name: one run
+    args = parser.parse_args()
+    if args.run:
+        hand_back(epochs(*args.run, args.epochs))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        uri = str(Path(tmp) / "db")
+        if args.heavy:
+            from lightning_stream.lance.synthetic import make_heavy_table
+
+            make_heavy_table(uri, 25_000)
+            name = "heavy"
+        else:
+            from bench_lance import make_table
+
+            make_table(uri, args.rows)
+            name = "bench"
+        print(f"{name} table, {args.epochs} epochs at 0 workers, one fresh process a run")
+        for round_ in range(args.rounds):
+            for setting, env in SETTINGS.items():
+                os.environ.pop("LIGHTNING_STREAM_MALLOC", None)
+                os.environ.update(env)
+                run_fresh(
+                    [__file__, "--epochs", str(args.epochs), "--run", uri, name],
+                    f"round {round_} {setting:8}",
+                )
+
+
+if __name__ == "__main__":
+    main()
