@@ -5,7 +5,9 @@ settings and with glibc's defaults.
 [--rounds 2]`` writes one table (light rows as ``bench_lance.py`` writes them, or
 ``--heavy``: 25k rows of 22 KB), then reads ``--epochs`` epochs of it at 0 workers in a
 fresh process per setting (``package``: :mod:`lightning_stream.allocator`'s settings;
-``glibc``: ``LIGHTNING_STREAM_MALLOC=0``), the settings interleaved over ``--rounds``.
+``thresholds``: its thresholds alone, given as ``GLIBC_TUNABLES`` so that the package
+leaves glibc's arenas as they are; ``glibc``: ``LIGHTNING_STREAM_MALLOC=0``), the settings
+interleaved over ``--rounds``.
 Reported per run: rows/s of each epoch, the resident memory at each epoch's end and the
 peak. A reader whose memory is bounded ends its last epoch about where it ended its
 first.
@@ -25,7 +27,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fresh import hand_back, run_fresh
 
-SETTINGS = {"package": {}, "glibc": {"LIGHTNING_STREAM_MALLOC": "0"}}
+from lightning_stream.allocator import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES
+
+SETTINGS = {
+    "package": {},
+    "thresholds": {
+        "GLIBC_TUNABLES": f"glibc.malloc.mmap_threshold={MMAP_THRESHOLD_BYTES}"
+        f":glibc.malloc.trim_threshold={TRIM_THRESHOLD_BYTES}"
+    },
+    "glibc": {"LIGHTNING_STREAM_MALLOC": "0"},
+}
 
 
 def resident_mb() -> float:
@@ -77,11 +88,12 @@ def main() -> None:
         print(f"{name} table, {args.epochs} epochs at 0 workers, one fresh process a run")
         for round_ in range(args.rounds):
             for setting, env in SETTINGS.items():
-                os.environ.pop("LIGHTNING_STREAM_MALLOC", None)
+                for variable in ("LIGHTNING_STREAM_MALLOC", "GLIBC_TUNABLES"):
+                    os.environ.pop(variable, None)
                 os.environ.update(env)
                 run_fresh(
                     [__file__, "--epochs", str(args.epochs), "--run", uri, name],
-                    f"round {round_} {setting:8}",
+                    f"round {round_} {setting:10}",
                 )
 
 

@@ -11,19 +11,22 @@ a whole epoch of ``LanceDataModule`` at 0 workers ran 35k -> 42-48k rows/s).
 glibc also gives threads arenas of their own, up to 8 per core, and lance's threads
 allocate in many of them: what one arena frees another cannot reuse, so a reading process
 grew epoch after epoch. 2M light rows, 8 epochs at 0 workers on 2 cores
-(``benchmarks/memory_over_epochs.py``): with glibc's defaults, resident memory at each
-epoch's end went 1.13 -> 1.50 GB and 0.90 -> 1.31 GB (peak 1.57-1.63 GB; the thresholds
-above alone did not stop it); with at most ``ARENA_MAX`` arenas it stayed at 0.87-0.92
-and 0.97-1.01 GB (peak 1.24-1.27 GB), at the same speed (0.75-0.89M rows/s either way).
-Rows of 22 KB read at 0.95-1.0 of the speed of glibc's arenas (within this host's noise).
+(``benchmarks/memory_over_epochs.py``): resident memory at the epochs' ends went from
+0.99-1.08 GB to 1.33-1.43 GB with glibc's defaults and from 1.02-1.05 GB to 1.36-1.37 GB
+with the thresholds above alone; with at most ``ARENA_MAX`` arenas it stayed within
+0.94-1.02 GB, at the same speed (0.81-0.93M rows/s in all three). Rows of 22 KB do not
+grow either way and read about 5% slower with the limit (56-64k against 58-68k rows/s
+with the thresholds alone). The limit grows with the cores (``max(4, cores)``), as
+lance's threads do; only 2 cores were measured.
 
-The settings are process-wide; each process sets them once, before it opens a table
-(``LanceDataModule.setup`` in the main process, each reading worker as it starts): a
-thread keeps the arena it first allocated from, so the limit holds for lance's threads
-only if it is set before lancedb starts them (on its first ``connect`` in the process).
-A process whose environment already tunes glibc's malloc (``MALLOC_*_`` variables or
-``GLIBC_TUNABLES``) is left as it is, as is any process when
-``LIGHTNING_STREAM_MALLOC=0``; elsewhere than glibc this does nothing.
+Each process sets them once, as early as the package can: when a ``LanceDataModule`` is
+made (before Lightning's ``prepare_data`` and ``setup``) and as each reading worker starts.
+A thread keeps the arena it first allocated from, and glibc fixes its arena limit once a
+process has more than 8 arenas: in a process that used lancedb before, lance's threads
+keep the arenas they have (the thresholds still apply). The settings are process-wide:
+they also apply to the rest of the training process. A process whose environment already
+tunes glibc's malloc (``MALLOC_*_`` variables or ``GLIBC_TUNABLES``) is left as it is, as
+is any process when ``LIGHTNING_STREAM_MALLOC=0``; elsewhere than glibc this does nothing.
 """
 
 from __future__ import annotations
@@ -42,13 +45,15 @@ M_ARENA_MAX = -8
 # memory held stays bounded by the reads in flight (a 22 KB-row epoch held 0.06 GB more).
 MMAP_THRESHOLD_BYTES = 32 * 2**20
 TRIM_THRESHOLD_BYTES = 64 * 2**20
-ARENA_MAX = 4
+ARENA_MAX = max(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 4)
 
 _tuned: bool | None = None
 
 
 def keep_read_buffers() -> bool:
-    """Set glibc's thresholds and arena limit in this process (once); whether they are set."""
+    """Set glibc's thresholds and arena limit in this process (once); whether glibc
+    accepted them all (an arena limit set after the process had more than 8 arenas is
+    accepted and has no effect)."""
     global _tuned
     if _tuned is None:
         _tuned = _tune()
@@ -67,8 +72,9 @@ def _tune() -> bool:
     if _user_tunes_malloc():
         return False
     mallopt = ctypes.CDLL(None).mallopt
-    return bool(
-        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-        and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
-        and mallopt(M_ARENA_MAX, ARENA_MAX)
+    settings = (
+        (M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
+        (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
+        (M_ARENA_MAX, ARENA_MAX),
     )
+    return all([bool(mallopt(parameter, value)) for parameter, value in settings])

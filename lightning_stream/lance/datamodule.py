@@ -9,6 +9,7 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_warn
 
+from lightning_stream.allocator import keep_read_buffers
 from lightning_stream.batching import Batch
 from lightning_stream.datamodule import StreamingDataModule
 from lightning_stream.lance.evaluation import EvaluationLoader
@@ -153,6 +154,7 @@ class LanceDataModule(StreamingDataModule):
         ):
             if None not in given:
                 raise ValueError(f"pass {stage}_filter or {stage}_table, not both")
+        keep_read_buffers()  # before lancedb starts its threads: prepare_data may use it
         self.uri = _normalise_uri(uri)
         self.table = table
         self.num_splits = num_splits

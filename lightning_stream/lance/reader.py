@@ -148,24 +148,31 @@ _VIEW_TYPES = {
 
 
 def held_bytes(table: pa.Table) -> int:
-    """Bytes of the buffers ``table`` holds, each counted once at its largest extent.
+    """Bytes ``table`` holds: ``nbytes``, except that a view column's data buffers count
+    once each, at their largest extent.
 
-    lance hands a read's binary data to all its chunks as one buffer, from the same
-    start: ``nbytes`` counts it once a chunk (1.5x a 22 KB-row read in two chunks) and
-    ``get_total_buffer_size`` only at its first chunk's extent (0.7x).
+    lance hands a read's binary data to all its chunks as one buffer, from the same start,
+    and :func:`_reordered` keeps it: ``nbytes`` counts it once a chunk (1.5x a 22 KB-row
+    read in two chunks), ``get_total_buffer_size`` only at its first chunk's extent (0.7x).
     """
-    extents: dict[int, int] = {}
+    held = 0
     for column in table.columns:
+        if column.type not in _VIEW_TYPES.values():
+            held += column.nbytes
+            continue
+        extents: dict[int, int] = {}
         for chunk in column.chunks:
             for buffer in chunk.buffers():
                 if buffer is not None:
                     extents[buffer.address] = max(extents.get(buffer.address, 0), buffer.size)
-    return sum(extents.values())
+        held += sum(extents.values())
+    return held
 
 
 def one_array(column: pa.ChunkedArray) -> pa.Array:
-    """``column`` as one array, joined (a copy) only when it has several chunks: a read
-    below 1,024 rows (lance's batch), or a batch within one read, is one chunk already."""
+    """``column`` as one array, joined (a copy) only when it has several chunks: a batch
+    within one read is one chunk already (a read's columns are joined by
+    :func:`_reordered`)."""
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 

@@ -12,7 +12,6 @@ import numpy as np
 import pyarrow as pa
 from lancedb.streaming import StreamingDataset
 
-from lightning_stream.allocator import keep_read_buffers
 from lightning_stream.batching import Batch
 from lightning_stream.lance.columns import BatchMaker, ColumnTypes
 from lightning_stream.lance.order import clump_rows
@@ -41,7 +40,6 @@ def open_table(
             f"uri={uri!r} does not exist; pass the directory of an existing LanceDB"
             " database (nothing was created)"
         )
-    keep_read_buffers()  # before lancedb starts its threads in this process
     try:
         db = lancedb.connect(uri, storage_options=storage_options)
         table = db.open_table(name)
