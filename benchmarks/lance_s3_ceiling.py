@@ -21,7 +21,6 @@ the reader's cores (2 here); a real store's CPU is elsewhere.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -29,6 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from measure import shown, spread  # noqa: E402
+
 NUM_SPLITS = 32
 
 
@@ -105,9 +108,7 @@ def main() -> None:
             runs.setdefault("S3/local", []).append(runs["local wall s"][-1] / runs["s3 wall s"][-1])
             print(f"round {round_}", {k: round(v[-1], 3) for k, v in runs.items()}, flush=True)
         for name, values in runs.items():
-            print(
-                f"{name:14} {statistics.median(values):6.2f} ({min(values):.2f}-{max(values):.2f})"
-            )
+            print(f"{name:14} {shown(spread(values))}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fresh import hand_back, run_fresh
+from measure import tree_rss_mb
 
 from lightning_stream.allocator import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES
 
@@ -37,11 +38,6 @@ SETTINGS = {
     },
     "glibc": {"LIGHTNING_STREAM_MALLOC": "0"},
 }
-
-
-def resident_mb() -> float:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def epochs(uri: str, name: str, count: int) -> dict:
@@ -56,7 +52,7 @@ def epochs(uri: str, name: str, count: int) -> dict:
         for batch in dm.train_dataloader():
             rows += len(batch["id"])
         rates.append(round(rows / (time.perf_counter() - start)))
-        ends.append(round(resident_mb()))
+        ends.append(round(tree_rss_mb()))  # 0 workers: this process alone
     dm.teardown("fit")
     peak = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     return {"rows_per_s": rates, "end_rss_mb": ends, "peak_rss_mb": peak}

@@ -77,4 +77,5 @@ def _tune() -> bool:
         (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
         (M_ARENA_MAX, ARENA_MAX),
     )
+    # a list, not a generator: each setting is applied even if one before it is refused
     return all([bool(mallopt(parameter, value)) for parameter, value in settings])
