@@ -189,6 +189,10 @@ def main() -> None:
         "--step-ms", type=float, default=0.0, help="--s3: wait after each batch (a training step)"
     )
     parser.add_argument(
+        "--store-cores", type=int, default=0,
+        help="--s3: cores the S3 server runs on alone, readers on the rest (default 0: shared)",
+    )  # fmt: skip
+    parser.add_argument(
         "--json", type=Path, metavar="PATH", help="also write the reported figures to PATH"
     )
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -208,7 +212,8 @@ def main() -> None:
         settings = args.settings.split(",") if args.settings else None
         figures = {"run": "s3", **lance_s3.main(kind, rows, args.batch_size, args.rounds,
                                                 args.latency_ms, args.bandwidth_mb_s,
-                                                args.before, settings, args.step_ms)}  # fmt: skip
+                                                args.before, settings, args.step_ms,
+                                                args.store_cores)}  # fmt: skip
     elif args.heavy:
         import lance_heavy
 

@@ -9,6 +9,9 @@ S3) reads one epoch with ``LanceDataModule`` (32 splits) in a fresh process, the
 configurations interleaved, ``--rounds`` rounds (default 3). ``--step-ms`` follows every
 batch with a wait of that many ms in the consumer: a training step slower than the reads
 that leaves the host's cores to the reader, as a step on a GPU does (default 0: none).
+``--store-cores N`` runs the S3 server on the host's last N cores alone and every reader,
+local and S3, on the rest: the store's CPU off the reader's cores, as a real store's is
+(default 0: the server shares every core with the reader).
 
 Reported per shuffle setting and worker count, over the rounds (median and range):
 
@@ -42,7 +45,7 @@ import time
 from pathlib import Path
 
 from fresh import run_fresh
-from measure import PeakRss, rates, shown, spread
+from measure import PeakRss, cores_for_store, rates, shown, spread
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_SPLITS = 32
@@ -122,10 +125,14 @@ def epoch(config: str, uri: str, endpoint: str, batch_size: int, step_ms: float 
 
 def main(kind: str, rows: int, batch_size: int, rounds: int, latency_ms: float,
          bandwidth_mb_s: float | None, before: Path | None = None,
-         settings: list[str] | None = None, step_ms: float = 0) -> dict:  # fmt: skip
+         settings: list[str] | None = None, step_ms: float = 0,
+         store_cores: int = 0) -> dict:  # fmt: skip
     """Runs every configuration, prints the report, and returns its figures.
 
     ``settings``: names of ``SETTINGS`` to run (default: all).
+
+    ``store_cores``: cores of this host given to the S3 server alone; every reader, local
+    or S3, runs on the others (0: all share every core).
 
     ``before``: a checkout of this repository at an earlier commit; its S3 reads run
     too (store ``s3-before``, its ``lance_s3.py`` and its package, this server),
@@ -135,6 +142,7 @@ def main(kind: str, rows: int, batch_size: int, rounds: int, latency_ms: float,
     sys.path.insert(0, str(ROOT))
     from tests.s3_server import S3Server
 
+    store_cpus = cores_for_store(store_cores)
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(tmp) / ("heavy" if kind == "heavy" else "db")
         if kind == "heavy":
@@ -147,13 +155,14 @@ def main(kind: str, rows: int, batch_size: int, rounds: int, latency_ms: float,
             make_table(str(local), rows)
         table_bytes = sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
         server = S3Server(Path(tmp) / "moto.log", latency_ms=latency_ms,
-                          bandwidth_mb_s=bandwidth_mb_s)  # fmt: skip
+                          bandwidth_mb_s=bandwidth_mb_s, cpus=store_cpus)  # fmt: skip
         with server:
             server.create_bucket("bench")
             server.upload(local, f"s3://bench/{local.name}")
             print(f"{kind} table: {rows} rows, {table_bytes / 1e6:.1f} MB; batch {batch_size};"
                   f" S3 latency {latency_ms:g} ms, bandwidth cap {bandwidth_mb_s} MB/s;"
-                  f" step {step_ms:g} ms", flush=True)  # fmt: skip
+                  f" step {step_ms:g} ms; store cores {sorted(store_cpus or [])}",
+                  flush=True)  # fmt: skip
             stores = ("local", "s3", "s3-before") if before else ("local", "s3")
             settings = settings or list(SETTINGS)
             configs = [f"{s}:{w}:{store}" for s in settings for w in (0, 2)
@@ -173,7 +182,7 @@ def main(kind: str, rows: int, batch_size: int, rounds: int, latency_ms: float,
     report(figures)
     return {"table": kind, "rows": rows, "table_bytes": table_bytes, "batch_size": batch_size,
             "latency_ms": latency_ms, "bandwidth_mb_s": bandwidth_mb_s, "rounds": rounds,
-            "step_ms": step_ms,
+            "step_ms": step_ms, "store_cores": store_cores,
             "before": str(before) if before else None, "runs": runs,
             "figures": figures}  # fmt: skip
 

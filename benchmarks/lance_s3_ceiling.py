@@ -1,6 +1,6 @@
 """How fast lance's own reads of a table go from S3 on this host, with nothing else running.
 
-``python benchmarks/lance_s3_ceiling.py [--heavy-rows 25000] [--latency-ms 20]``
+``python benchmarks/lance_s3_ceiling.py [--heavy-rows 25000] [--latency-ms 20] [--store-cores 1]``
 
 The heavy table of ``bench_lance.py --s3 --heavy`` is read whole with lance's take by
 row id (``take_rows``, the call the data module's reads make), in clumps of storage-order
@@ -12,10 +12,12 @@ workers. Whole clumps in one run are friendlier to S3 than the module's reads, w
 cycle over 32 splits and so fetch each clump in a few pieces.
 
 Reported, median (range) over the rounds: the wall time and CPU seconds of local and S3
-reads, S3/local as a rate, and the S3 server's CPU. The rate bounds, within the noise
-of a shared host, any loader built on lance's take here: if the bare reads from S3 run
-at 0.6 of local, a loader that also builds batches does not reach 0.8. The server shares
-the reader's cores (2 here); a real store's CPU is elsewhere.
+reads, S3/local as a rate, the S3 server's CPU and the GETs of object bytes it served.
+The rate bounds, within the noise of a shared host, any loader built on lance's take
+here: if the bare reads from S3 run at 0.6 of local, a loader that also builds batches
+does not reach 0.8. The server shares the reader's cores (2 here); a real store's CPU is
+elsewhere: ``--store-cores N`` runs it on the host's last N cores alone and the reads,
+local and S3, on the rest.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measure import shown, spread  # noqa: E402
+from measure import cores_for_store, shown, spread  # noqa: E402
 
 NUM_SPLITS = 32
 
@@ -59,12 +61,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument(
+        "--store-cores", type=int, default=0,
+        help="cores the S3 server runs on alone, the reads on the rest (default 0: shared)",
+    )  # fmt: skip
+    parser.add_argument(
         "--read-rows",
         type=int,
         default=1500,
         help="rows a read (32 MiB, the module's remote reads)",
     )
     args = parser.parse_args()
+    store_cpus = cores_for_store(args.store_cores)  # before lance starts its threads
     sys.path.insert(0, str(ROOT))
     import lancedb
     import numpy as np
@@ -75,7 +82,8 @@ def main() -> None:
     from tests.s3_server import S3Server, cpu_seconds, storage_options
 
     keep_read_buffers()  # as every reading process of the module does
-    with tempfile.TemporaryDirectory() as tmp, S3Server(latency_ms=args.latency_ms) as s3:
+    server = S3Server(latency_ms=args.latency_ms, cpus=store_cpus)
+    with tempfile.TemporaryDirectory() as tmp, server as s3:
         local = Path(tmp) / "heavy"
         make_heavy_table(str(local), args.heavy_rows)
         s3.create_bucket("bench")
@@ -92,7 +100,8 @@ def main() -> None:
         clumps = [row_ids[i : i + size] for i in range(0, len(row_ids), size)]
         print(
             f"{len(row_ids)} rows in clumps of {size}; reads of {args.read_rows} rows,"
-            f" {args.threads} at once; S3 latency {args.latency_ms:g} ms",
+            f" {args.threads} at once; S3 latency {args.latency_ms:g} ms;"
+            f" store cores {sorted(store_cpus or [])}",
             flush=True,
         )
         runs: dict[str, list[float]] = {}
@@ -100,11 +109,13 @@ def main() -> None:
             order = np.random.default_rng(round_).permutation(len(clumps))
             ordered = [clumps[i] for i in order]
             store_cpu = cpu_seconds(s3.endpoint)
+            s3.bytes_served(reset=True)  # and the request log
             for store, table in tables.items():
                 wall, cpu = read_all(table, ordered, args.threads, args.read_rows)
                 runs.setdefault(f"{store} wall s", []).append(wall)
                 runs.setdefault(f"{store} cpu s", []).append(cpu)
             runs.setdefault("store cpu s", []).append(cpu_seconds(s3.endpoint) - store_cpu)
+            runs.setdefault("S3 GETs", []).append(len(s3.requests()))
             runs.setdefault("S3/local", []).append(runs["local wall s"][-1] / runs["s3 wall s"][-1])
             print(f"round {round_}", {k: round(v[-1], 3) for k, v in runs.items()}, flush=True)
         for name, values in runs.items():

@@ -85,3 +85,19 @@ def spread(values: list[float]) -> dict[str, float]:
 def shown(figure: dict[str, float]) -> str:
     """A :func:`spread` as ``median (min-max)``."""
     return f"{figure['median']:.2f} ({figure['min']:.2f}-{figure['max']:.2f})"
+
+
+def cores_for_store(store_cores: int) -> set[int] | None:
+    """Keeps this process (and the processes it starts from now on) off the last
+    ``store_cores`` of its cores and returns those, for the test store (``None`` when 0).
+
+    The test store runs on the reader's host; a real store's CPU is elsewhere. Giving it
+    cores of its own measures a reader as it would run against a real store, with the
+    same cores for its local runs."""
+    if store_cores <= 0:
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if store_cores >= len(cores):
+        raise SystemExit(f"--store-cores {store_cores}: this host has {len(cores)} cores")
+    os.sched_setaffinity(0, cores[:-store_cores])
+    return set(cores[-store_cores:])

@@ -1,7 +1,7 @@
 """A real S3-protocol server on 127.0.0.1 (moto's server mode) for tests and benchmarks.
 
-``python tests/s3_server.py PORT [--latency-ms MS] [--bandwidth-mb-s MB]`` serves moto's
-S3 with these additions:
+``python tests/s3_server.py PORT [--latency-ms MS] [--bandwidth-mb-s MB] [--cpus N,...]``
+serves moto's S3 with these additions:
 
 - Latency: every S3 request waits ``--latency-ms`` before its first byte (a real object
   store answers a range GET after 10-100 ms; ``LATENCY_MS``, 20, is the figure tests and
@@ -15,6 +15,9 @@ S3 with these additions:
   object GET since the last reset (times from the server's monotonic clock), from which
   the reads in flight and their sizes follow; ``GET /_cpu`` gives the CPU seconds (user
   and system) the server process has used, for a benchmark on the same host.
+- Cores: ``--cpus`` keeps the server on those cores (all its threads), so that a
+  benchmark can leave the others to the reader, as a real store's CPU is not on the
+  reader's host.
 
 The front is an aiohttp server (its HTTP parser is C; one event loop, so every wait is an
 ``asyncio.sleep`` that holds up no other request); moto's own server runs on a thread of
@@ -108,6 +111,7 @@ class S3Server:
             not hold (``INITIAL_NO_AUTH_ACTION_COUNT=0``), i.e. all of them here.
         latency_ms: wait of every S3 request before its first byte (0: none).
         bandwidth_mb_s: cap on each response body's rate, in 10^6 bytes/s (None: none).
+        cpus: the cores the server runs on (None: any).
     """
 
     def __init__(
@@ -117,7 +121,9 @@ class S3Server:
         check_credentials: bool = False,
         latency_ms: float = 0.0,
         bandwidth_mb_s: float | None = None,
+        cpus: set[int] | None = None,
     ) -> None:
+        self.cpus = cpus
         self.check_credentials = check_credentials
         self.latency_ms = latency_ms
         self.bandwidth_mb_s = bandwidth_mb_s
@@ -150,6 +156,8 @@ class S3Server:
         command = [sys.executable, __file__, str(self.port), "--latency-ms", str(self.latency_ms)]
         if self.bandwidth_mb_s is not None:
             command += ["--bandwidth-mb-s", str(self.bandwidth_mb_s)]
+        if self.cpus is not None:
+            command += ["--cpus", ",".join(map(str, sorted(self.cpus)))]
         self.process = subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
@@ -375,7 +383,11 @@ if __name__ == "__main__":
     parser.add_argument("port", type=int)
     parser.add_argument("--latency-ms", type=float, default=0.0)
     parser.add_argument("--bandwidth-mb-s", type=float)
+    parser.add_argument("--cpus", help="comma-separated cores to run on (default: any)")
     args = parser.parse_args()
+    if args.cpus:
+        # before moto's and aiohttp's threads start: they inherit it
+        os.sched_setaffinity(0, {int(cpu) for cpu in args.cpus.split(",")})
     # moto checks credentials when this is set: it then answers every request itself
     checking = "INITIAL_NO_AUTH_ACTION_COUNT" in os.environ
     _serve(args.port, args.latency_ms, args.bandwidth_mb_s, fast_ranges=not checking)
