@@ -26,17 +26,22 @@ FIRST_READ_ROWS = 16
 @dataclass(frozen=True)
 class ReadPace:
     """How one reading process reads: reads in flight at once, the factor each read's
-    size grows by over the one before, and the size they grow to."""
+    size grows by over the one before, the size they grow to, and how many reads make a
+    window (the rows of a window are read in storage order, split between its reads, and
+    handed out once all its reads are in)."""
 
     io_threads: int
     growth: int
     read_bytes: int
+    window_reads: int = 1
 
     def for_workers(self) -> ReadPace:
         """The pace of each reading worker: the rank's workers together run about as
         many reads as its main process does alone, each at most ``WORKER_READ_BYTES``."""
         read_bytes = min(self.read_bytes, WORKER_READ_BYTES)
-        return ReadPace(max(1, self.io_threads // 2), self.growth, read_bytes)
+        io_threads = max(1, self.io_threads // 2)
+        window_reads = max(1, min(self.window_reads, io_threads // 2))
+        return ReadPace(io_threads, self.growth, read_bytes, window_reads)
 
 
 # Two reading workers of 22 KB rows on an object store (``bench_lance.py --s3 --heavy``,
@@ -50,8 +55,12 @@ WORKER_READ_BYTES = 16 * 2**20
 # large ones read each storage page once and cost lance less CPU per row (scattered 22 KB
 # rows: 1,500-row reads took about 0.6x the CPU of 380-row ones). While a read runs lance
 # holds several times its size: 16 MiB keeps a reading process's memory flat through an
-# epoch (32 MiB was faster but grew 0.25 GB and kept creeping).
-LOCAL_PACE = ReadPace(io_threads=2, growth=4, read_bytes=16 * 2**20)
+# epoch (32 MiB was faster but grew 0.25 GB and kept creeping). The two reads make one
+# window, read in storage order (see REMOTE_PACE): 25k rows of 22 KB at 0 workers ran
+# 1.05 (epoch 1) and 1.08 (epoch 2) times as fast as two single reads, medians of 6
+# rounds, 0.10 GB above the first batch instead of 0.13 (scratch script); windows of two
+# with four reads in flight ran 1.08 and 1.13 with 0.18 GB.
+LOCAL_PACE = ReadPace(io_threads=2, growth=4, read_bytes=16 * 2**20, window_reads=2)
 # Object store (``bench_lance.py --s3``, 20 ms a request): every read waits a round trip
 # and its pages arrive as at least one GET per column and contiguous run of rows; a read
 # of a plan that cycles over 32 splits holds 32 runs, so its GETs are its size over 32
@@ -65,9 +74,17 @@ LOCAL_PACE = ReadPace(io_threads=2, growth=4, read_bytes=16 * 2**20)
 # 22 KB at 0 workers, 20 ms, ran at 0.43 (0.39-0.49) of local after the first batch with
 # at most two full-size reads in flight and 0.64 (0.57-0.66) with four, 0.29 and 0.31 GB
 # above the first batch (one 3-round run each); 2M light rows 0.89 and 0.98 (0.64 and
-# 0.72 GB). (With a test store that spent 0.8 ms of CPU per GET on the same 2 cores, two
-# more had made the epoch 1.6x slower.)
-REMOTE_PACE = ReadPace(io_threads=4, growth=16, read_bytes=32 * 2**20)
+# 0.72 GB). Eight in flight, joined four at a time into windows read in storage order,
+# send a split's rows of four reads as one run (fewer, larger GETs): the same heavy rows
+# then ran at 0.82 (0.74-0.85) of local with 0.41 GB above the first batch, where four
+# single reads ran at 0.51 (0.50-0.52); light rows at the same speed (their reads are not
+# joined; one 3-round run each, scratch script).
+REMOTE_PACE = ReadPace(io_threads=8, growth=16, read_bytes=32 * 2**20, window_reads=4)
+
+# Reads of more rows than this are not joined into windows: at 32 splits they already
+# read runs of 512 rows or more a split, and a window of them would hold a small table's
+# whole epoch before its first batch.
+WINDOW_READ_ROWS = 2**14
 
 ReadRows = Callable[[np.ndarray], pa.Table]
 
@@ -125,11 +142,11 @@ def take_rows(table, columns: list[str] | None) -> ReadRows:
             )
         # lance returns the rows sorted by row id
         got = rows.column("_rowid").to_numpy()
-        order = np.argsort(got, kind="stable")
-        where = order[np.searchsorted(got, row_ids, sorter=order)]
         rows = rows.drop_columns(["_rowid"])
-        reordered = [_reordered(column, where) for column in rows.columns]
-        return pa.Table.from_arrays(reordered, names=rows.column_names)  # view types kept
+        if np.array_equal(got, row_ids):
+            return rows  # asked in storage order, as BudgetedReader asks
+        order = np.argsort(got, kind="stable")
+        return reordered(rows, order[np.searchsorted(got, row_ids, sorter=order)])
 
     return read
 
@@ -176,10 +193,17 @@ def one_array(column: pa.ChunkedArray) -> pa.Array:
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
+def reordered(rows: pa.Table, where: np.ndarray) -> pa.Table:
+    """``rows.take(where)`` as one chunk a column, binary and string values as views over
+    ``rows``' buffers (not copied)."""
+    columns = [_reordered(column, where) for column in rows.columns]
+    return pa.Table.from_arrays(columns, names=rows.column_names)
+
+
 def _reordered(column: pa.ChunkedArray, where: np.ndarray) -> pa.Array:
     """``column.take(where)``, with binary and string values not copied."""
-    view_type = _VIEW_TYPES.get(column.type)
-    if view_type is None:
+    view_type = _VIEW_TYPES.get(column.type, column.type)
+    if view_type not in _VIEW_TYPES.values():
         return column.take(where)
     # cast first: joining views appends each chunk's data buffers instead of copying them
     # (a read of more than 1,024 rows, lance's batch, comes as several chunks)
@@ -239,32 +263,48 @@ class BudgetedReader:
         return self.read_rows
 
     def tables(self) -> Iterator[pa.Table]:
-        """The rows in order, as Arrow tables of one read each; the next reads run while
-        the consumer works on a table."""
-        pending: deque[tuple[Future, int]] = deque()
+        """The rows in order, as Arrow tables of one window each; the next windows' reads
+        run while the consumer works on a table."""
+        pending: deque[tuple[list[Future], int, np.ndarray]] = deque()
         next_row = 0
         total = len(self.row_ids)
         with ThreadPoolExecutor(self.pace.io_threads, thread_name_prefix="lance-read") as pool:
 
             def start_reads() -> None:
                 nonlocal next_row
-                while next_row < total and len(pending) < self.pace.io_threads:
+                while next_row < total:
                     if self.row_bytes is None and pending:
                         return  # learn the row size before sizing more reads
-                    rows = min(self._next_read_rows(), total - next_row)
+                    read_rows = self._next_read_rows()
+                    joined = self.row_bytes is not None and read_rows <= WINDOW_READ_ROWS
+                    reads = self.pace.window_reads if joined else 1
+                    in_flight = sum(len(futures) for futures, _, _ in pending)
+                    if in_flight and in_flight + reads > self.pace.io_threads:
+                        return
+                    rows = min(read_rows * reads, total - next_row)
                     estimate = int(rows * (self.row_bytes or 0))
                     if self.held and self.held + estimate > self.budget:
                         return
                     ids = self.row_ids[next_row : next_row + rows]
-                    pending.append((pool.submit(self.read, ids), estimate))
+                    # storage order: a split's runs in the window's serving slices join
+                    # into one run, read at once (fewer, larger range reads)
+                    order = np.argsort(ids, kind="stable")
+                    futures = [
+                        pool.submit(self.read, part)
+                        for part in np.array_split(ids[order], min(reads, rows))
+                    ]
+                    serving = np.empty_like(order)
+                    serving[order] = np.arange(len(order))
+                    pending.append((futures, estimate, serving))
                     self._hold(estimate)
                     next_row += rows
 
             try:
                 while next_row < total or pending:
                     start_reads()
-                    future, estimate = pending.popleft()
-                    table = future.result()
+                    futures, estimate, serving = pending.popleft()
+                    parts = [future.result() for future in futures]
+                    table = reordered(pa.concat_tables(parts), serving)
                     size = held_bytes(table)
                     self.row_bytes = size / max(1, table.num_rows)
                     self._hold(size - estimate)
@@ -276,8 +316,9 @@ class BudgetedReader:
                     finally:
                         self._hold(-size)
             finally:
-                for future, estimate in pending:
-                    future.cancel()
+                for futures, estimate, _ in pending:
+                    for future in futures:
+                        future.cancel()
                     self._hold(-estimate)
 
     def batches(self, sizes: Sequence[int]) -> Iterator[pa.Table]:

@@ -1,0 +1,85 @@
+"""A reading process's reads: windows of reads in storage order, served in the plan's order."""
+
+import lancedb
+import numpy as np
+
+from lightning_stream.lance.reader import (
+    BudgetedReader,
+    ReadCounters,
+    ReadPace,
+    held_bytes,
+    take_rows,
+)
+from lightning_stream.lance.synthetic import heavy_rows
+
+from .conftest import HEAVY_ROWS
+
+CLUMP = 40
+SPLITS = 6
+BUDGET = 600_000  # bytes: about 280 rows of 2 KB
+
+
+def serve(uri: str, window_reads: int) -> dict:
+    """Every row of the heavy table through a BudgetedReader, in clumps of ``CLUMP``
+    storage rows dealt to ``SPLITS`` splits and served cycling over them (as a reading
+    process serves its splits): the ids served, the row ids each read asked for, the
+    bytes held at each table and the largest table."""
+    table = lancedb.connect(uri).open_table("heavy")
+    row_ids = (
+        table.search().select(["id"]).with_row_id(True).limit(None).to_arrow()
+    ).column("_rowid").to_numpy()  # fmt: skip
+    clumps = np.random.default_rng(0).permutation(HEAVY_ROWS // CLUMP)
+    splits = [
+        np.concatenate([np.arange(c * CLUMP, (c + 1) * CLUMP) for c in clumps[s::SPLITS]])
+        for s in range(SPLITS)
+    ]
+    positions = np.stack(splits, axis=1).reshape(-1)  # storage positions, serving order
+    read = take_rows(table, ["id", "jpeg"])
+    asked: list[np.ndarray] = []
+
+    def recorded(ids: np.ndarray):
+        asked.append(ids.copy())
+        return read(ids)
+
+    # reads of about 57 rows (the budget over the reads in flight and one more)
+    pace = ReadPace(io_threads=4, growth=4, read_bytes=150_000, window_reads=window_reads)
+    counters = ReadCounters(1)
+    reader = BudgetedReader(recorded, row_ids[positions], BUDGET, counters, 0, pace)
+    served, jpegs, held, largest = [], [], [], 0
+    for rows in reader.tables():
+        held.append(reader.held)
+        largest = max(largest, held_bytes(rows))
+        served.extend(rows["id"].to_pylist())
+        jpegs.extend(rows["jpeg"].to_pylist())
+    return {
+        "positions": positions.tolist(),
+        "served": served,
+        "jpegs": jpegs,
+        "asked": asked,
+        "held": held,
+        "largest": largest,
+        "totals": counters.totals(),
+    }
+
+
+def runs(ids: np.ndarray) -> int:
+    """Contiguous runs of row ids in one read."""
+    return 1 + int(np.count_nonzero(np.diff(ids) != 1))
+
+
+def test_windows_read_in_storage_order_and_serve_in_the_plans_order(heavy_uri):
+    # make_heavy_table wrote the rows 300 at a time (conftest)
+    written = [heavy_rows(start, 300, 2_000) for start in range(0, HEAVY_ROWS, 300)]
+    reference = [jpeg for rows in written for jpeg in rows["jpeg"].to_pylist()]
+    alone, windowed = serve(heavy_uri, 1), serve(heavy_uri, 3)
+    for run in (alone, windowed):
+        assert run["served"] == run["positions"], "the plan's order, every row once"
+        assert run["jpegs"] == [reference[i] for i in run["positions"]]
+        assert all(np.array_equal(ids, np.sort(ids)) for ids in run["asked"]), "storage order"
+        assert max(run["held"]) <= BUDGET + run["largest"]
+        assert run["totals"]["rows_read"] == HEAVY_ROWS
+        assert run["totals"]["resident_bytes"] == 0, "every read handed back"
+    # a split's rows in consecutive reads join into one run: fewer, larger range reads
+    alone_runs = sum(map(runs, alone["asked"]))
+    windowed_runs = sum(map(runs, windowed["asked"]))
+    assert windowed_runs < 0.7 * alone_runs, (windowed_runs, alone_runs)
