@@ -2,6 +2,7 @@
 
 import lancedb
 import numpy as np
+import pyarrow as pa
 
 from lightning_stream.lance.reader import (
     BudgetedReader,
@@ -16,7 +17,10 @@ from .conftest import HEAVY_ROWS
 
 CLUMP = 40
 SPLITS = 6
-BUDGET = 600_000  # bytes: about 280 rows of 2 KB
+# reads of 28 rows of about 2.1 KB (60 KB): six in flight, as two windows of three, and a
+# window handed out fit in the budget
+READ_BYTES = 60_000
+BUDGET = 2_000_000
 
 
 def serve(uri: str, window_reads: int) -> dict:
@@ -39,10 +43,11 @@ def serve(uri: str, window_reads: int) -> dict:
 
     def recorded(ids: np.ndarray):
         asked.append(ids.copy())
-        return read(ids)
+        rows = read(ids)
+        assert rows.schema.field("jpeg").type == pa.binary_view(), "one type, in any order"
+        return rows
 
-    # reads of about 57 rows (the budget over the reads in flight and one more)
-    pace = ReadPace(io_threads=4, growth=4, read_bytes=150_000, window_reads=window_reads)
+    pace = ReadPace(io_threads=6, growth=4, read_bytes=READ_BYTES, window_reads=window_reads)
     counters = ReadCounters(1)
     reader = BudgetedReader(recorded, row_ids[positions], BUDGET, counters, 0, pace)
     served, jpegs, held, largest = [], [], [], 0
@@ -77,6 +82,9 @@ def test_windows_read_in_storage_order_and_serve_in_the_plans_order(heavy_uri):
         assert run["jpegs"] == [reference[i] for i in run["positions"]]
         assert all(np.array_equal(ids, np.sort(ids)) for ids in run["asked"]), "storage order"
         assert max(run["held"]) <= BUDGET + run["largest"]
+        # while a table is handed out, the next reads are in flight: six single reads, or
+        # two windows of three
+        assert max(run["held"]) >= 2.5 * run["largest"]
         assert run["totals"]["rows_read"] == HEAVY_ROWS
         assert run["totals"]["resident_bytes"] == 0, "every read handed back"
     # a split's rows in consecutive reads join into one run: fewer, larger range reads

@@ -149,8 +149,8 @@ def take_rows(table, columns: list[str] | None) -> ReadRows:
         # lance returns the rows sorted by row id
         got = rows.column("_rowid").to_numpy()
         rows = rows.drop_columns(["_rowid"])
-        if np.array_equal(got, row_ids):
-            return rows  # asked in storage order, as BudgetedReader asks
+        if np.array_equal(got, row_ids):  # asked in storage order, as BudgetedReader asks
+            return rows.cast(pa.schema([_with_view_type(f) for f in rows.schema]))
         order = np.argsort(got, kind="stable")
         return reordered(rows, order[np.searchsorted(got, row_ids, sorter=order)])
 
@@ -168,6 +168,10 @@ _VIEW_TYPES = {
     pa.string(): pa.string_view(),
     pa.large_string(): pa.string_view(),
 }
+
+
+def _with_view_type(field: pa.Field) -> pa.Field:
+    return field.with_type(_VIEW_TYPES.get(field.type, field.type))
 
 
 def held_bytes(table: pa.Table) -> int:
@@ -260,13 +264,18 @@ class BudgetedReader:
         self.counters.add(self.reader, "resident_bytes", amount)
 
     def _next_read_rows(self) -> int:
+        """The next read's rows: grown from the last read's, within the budget's share of a
+        read (the reads in flight and a window handed out)."""
         if self.row_bytes is None:
-            self.read_rows = FIRST_READ_ROWS
-        else:
-            read_bytes = min(self.pace.read_bytes, self.budget // (self.pace.io_threads + 1))
-            fits = max(1, int(read_bytes // max(1.0, self.row_bytes)))
-            self.read_rows = min(self.read_rows * self.pace.growth, fits)
-        return self.read_rows
+            return FIRST_READ_ROWS
+        reads_held = self.pace.io_threads + self.pace.window_reads
+        read_bytes = min(self.pace.read_bytes, self.budget // reads_held)
+        fits = max(1, int(read_bytes // max(1.0, self.row_bytes)))
+        return min(self.read_rows * self.pace.growth, fits)
+
+    def _joined(self, futures: list[Future], serving: np.ndarray) -> pa.Table:
+        """A window's rows in serving order, from its reads' rows in storage order."""
+        return reordered(pa.concat_tables([future.result() for future in futures]), serving)
 
     def tables(self) -> Iterator[pa.Table]:
         """The rows in order, as Arrow tables of one window each; the next windows' reads
@@ -291,6 +300,7 @@ class BudgetedReader:
                     estimate = int(rows * (self.row_bytes or 0))
                     if self.held and self.held + estimate > self.budget:
                         return
+                    self.read_rows = read_rows
                     ids = self.row_ids[next_row : next_row + rows]
                     # storage order: a split's runs in the window's serving slices join
                     # into one run, read at once (fewer, larger range reads)
@@ -308,9 +318,12 @@ class BudgetedReader:
             try:
                 while next_row < total or pending:
                     start_reads()
-                    futures, estimate, serving = pending.popleft()
-                    parts = [future.result() for future in futures]
-                    table = reordered(pa.concat_tables(parts), serving)
+                    futures, estimate, serving = pending[0]
+                    # the reads' own rows are let go here: the window's table copies all
+                    # but its binary values
+                    table = self._joined(futures, serving)
+                    del futures
+                    pending.popleft()
                     size = held_bytes(table)
                     self.row_bytes = size / max(1, table.num_rows)
                     self._hold(size - estimate)
