@@ -31,22 +31,20 @@ FIRST_READ_ROWS = 16
 @dataclass(frozen=True)
 class ReadPace:
     """How one reading process reads: reads in flight at once, the factor each read's
-    size grows by over the one before, the size they grow to, and how many reads make a
+    size grows by over the one before, the size they grow to, how many reads make a
     window (the rows of a window are read in storage order, split between its reads, and
-    handed out once all its reads are in)."""
+    handed out once all its reads are in), and the pace of each reading worker (``None``:
+    this one)."""
 
     io_threads: int
     growth: int
     read_bytes: int
     window_reads: int = 1
+    workers: ReadPace | None = None
 
     def for_workers(self) -> ReadPace:
-        """The pace of each reading worker: the rank's workers together run about as
-        many reads as its main process does alone, each at most ``WORKER_READ_BYTES``."""
-        read_bytes = min(self.read_bytes, WORKER_READ_BYTES)
-        io_threads = max(1, self.io_threads // 2)
-        window_reads = max(1, min(self.window_reads, io_threads // 2))
-        return ReadPace(io_threads, self.growth, read_bytes, window_reads)
+        """The pace of each reading worker."""
+        return self.workers or self
 
 
 # Two reading workers of 22 KB rows on an object store (``bench_lance.py --s3 --heavy``,
@@ -65,7 +63,15 @@ WORKER_READ_BYTES = 16 * 2**20
 # 1.05 (epoch 1) and 1.08 (epoch 2) times as fast as two single reads, medians of 6
 # rounds, 0.10 GB above the first batch instead of 0.13 (scratch script); windows of two
 # with four reads in flight ran 1.08 and 1.13 with 0.18 GB.
-LOCAL_PACE = ReadPace(io_threads=2, growth=4, read_bytes=16 * 2**20, window_reads=2)
+# A reading worker runs one read at a time: the rank's workers together run about as
+# many as its main process does alone.
+LOCAL_PACE = ReadPace(
+    io_threads=2,
+    growth=4,
+    read_bytes=16 * 2**20,
+    window_reads=2,
+    workers=ReadPace(io_threads=1, growth=4, read_bytes=WORKER_READ_BYTES),
+)
 # Object store (``bench_lance.py --s3``, 20 ms a request): every read waits a round trip
 # and its pages arrive as at least one GET per column and contiguous run of rows; a read
 # of a plan that cycles over 32 splits holds 32 runs, so its GETs are its size over 32
@@ -84,8 +90,17 @@ LOCAL_PACE = ReadPace(io_threads=2, growth=4, read_bytes=16 * 2**20, window_read
 # then ran at 0.82 (0.74-0.85) of local with 0.41 GB above the first batch, where four
 # single reads ran at 0.51 (0.50-0.52); light rows at the same speed (their reads are not
 # joined; one 3-round run each, scratch script). ``bench_lance.py --s3 --heavy``: 31.8k ->
-# 51.2k rows/s, 1,862 -> 988 GETs an epoch.
-REMOTE_PACE = ReadPace(io_threads=8, growth=16, read_bytes=32 * 2**20, window_reads=4)
+# 60.4k rows/s, 1,862 -> 1,088 GETs an epoch, 0.85 (0.79-0.86) of local. A reading
+# worker keeps as many in flight, in reads of at most ``WORKER_READ_BYTES``: two workers of
+# the same rows ran at 0.78 of local with eight reads each in windows of four, 0.67 with
+# four in windows of two (3 rounds, scratch script).
+REMOTE_PACE = ReadPace(
+    io_threads=8,
+    growth=16,
+    read_bytes=32 * 2**20,
+    window_reads=4,
+    workers=ReadPace(io_threads=8, growth=16, read_bytes=WORKER_READ_BYTES, window_reads=4),
+)
 
 # Reads of more rows than this are not joined into windows: at 32 splits they already
 # read runs of 512 rows or more a split, and a window of them would hold a small table's
