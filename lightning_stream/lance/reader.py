@@ -90,7 +90,7 @@ LOCAL_PACE = ReadPace(
 # then ran at 0.82 (0.74-0.85) of local with 0.41 GB above the first batch, where four
 # single reads ran at 0.51 (0.50-0.52); light rows at the same speed (their reads are not
 # joined; one 3-round run each, scratch script). ``bench_lance.py --s3 --heavy``: 31.8k ->
-# 60.4k rows/s, 1,862 -> 1,088 GETs an epoch, 0.85 (0.79-0.86) of local. A reading
+# 60-64k rows/s, 1,862 -> 1,088 GETs an epoch, 0.75-0.85 of local in two runs. A reading
 # worker keeps as many in flight, in reads of at most ``WORKER_READ_BYTES``: two workers of
 # the same rows ran at 0.78 of local with eight reads each in windows of four, 0.67 with
 # four in windows of two (3 rounds, scratch script).
