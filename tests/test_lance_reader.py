@@ -4,10 +4,10 @@ import lancedb
 import numpy as np
 import pyarrow as pa
 
+from lightning_stream.lance.pace import ReadPace
 from lightning_stream.lance.reader import (
     BudgetedReader,
     ReadCounters,
-    ReadPace,
     held_bytes,
     take_rows,
 )

@@ -2,15 +2,15 @@
 
 A reading process (the main process, or one reading worker) serves its rows in the
 order the plan gives, a few reads in flight on threads (lance's reads release the GIL),
-at a :class:`ReadPace` that depends on where the table is (local disk or object store).
-Consecutive reads are joined into windows: a window's rows are read in storage order,
-split between its reads, and handed out in the plan's order once all of them are in. A
-plan cycles over its splits, so a read holds a short run of each split's storage rows;
-in a window the runs of consecutive reads join, and lance fetches them in fewer, larger
-range reads. Everything the process holds that training has not taken yet (windows in
-flight, at their estimated size, and rows read but not yet handed out as batches) counts
-against its byte budget: a window is only started when it fits. The row size is learnt
-from a first small read.
+at a :class:`~lightning_stream.lance.pace.ReadPace` that depends on where the table is
+(local disk or object store). Consecutive reads are joined into windows: a window's rows
+are read in storage order, split between its reads, and handed out in the plan's order
+once all of them are in. A plan cycles over its splits, so a read holds a short run of
+each split's storage rows; in a window the runs of consecutive reads join, and lance
+fetches them in fewer, larger range reads. Everything the process holds that training
+has not taken yet (windows in flight, at their estimated size, and rows read but not yet
+handed out as batches) counts against its byte budget: a window is only started when it
+fits. The row size is learnt from a first small read.
 """
 
 from __future__ import annotations
@@ -25,82 +25,10 @@ import lancedb
 import numpy as np
 import pyarrow as pa
 
+from lightning_stream.lance.pace import LOCAL_PACE, ReadPace
+
 FIRST_READ_ROWS = 16
 
-
-@dataclass(frozen=True)
-class ReadPace:
-    """How one reading process reads: reads in flight at once, the factor each read's
-    size grows by over the one before, the size they grow to, how many reads make a
-    window (the rows of a window are read in storage order, split between its reads, and
-    handed out once all its reads are in), and the pace of each reading worker (``None``:
-    this one)."""
-
-    io_threads: int
-    growth: int
-    read_bytes: int
-    window_reads: int = 1
-    workers: ReadPace | None = None
-
-    def for_workers(self) -> ReadPace:
-        """The pace of each reading worker."""
-        return self.workers or self
-
-
-# Two reading workers of 22 KB rows on an object store (``bench_lance.py --s3 --heavy``,
-# 20 ms) held 0.6 GB above the first batch with 32 MiB reads, 0.32 GB with 16 MiB; the
-# epoch ran at 0.89 and 0.85 of local (0.90 and 0.68 after its first batch).
-WORKER_READ_BYTES = 16 * 2**20
-
-
-# Local disk: two reads, one running while the main process works on the one before.
-# Reads grow 4x at a time up to 16 MiB: small first reads bring the first batch early,
-# large ones read each storage page once and cost lance less CPU per row (scattered 22 KB
-# rows: 1,500-row reads took about 0.6x the CPU of 380-row ones). While a read runs lance
-# holds several times its size: 16 MiB keeps a reading process's memory flat through an
-# epoch (32 MiB was faster but grew 0.25 GB and kept creeping). The two reads make one
-# window, read in storage order (see REMOTE_PACE): 25k rows of 22 KB at 0 workers ran
-# 1.05 (epoch 1) and 1.08 (epoch 2) times as fast as two single reads, medians of 6
-# rounds, 0.10 GB above the first batch instead of 0.13 (scratch script); windows of two
-# with four reads in flight ran 1.08 and 1.13 with 0.18 GB.
-# A reading worker runs one read at a time: the rank's workers together run about as
-# many as its main process does alone.
-LOCAL_PACE = ReadPace(
-    io_threads=2,
-    growth=4,
-    read_bytes=16 * 2**20,
-    window_reads=2,
-    workers=ReadPace(io_threads=1, growth=4, read_bytes=WORKER_READ_BYTES),
-)
-# Object store (``bench_lance.py --s3``, 20 ms a request): every read waits a round trip
-# and its pages arrive as at least one GET per column and contiguous run of rows; a read
-# of a plan that cycles over 32 splits holds 32 runs, so its GETs are its size over 32
-# splits. Reads grow 16x at a time (the first batch's reads, then full size) to 32 MiB:
-# 12,500 clumped 22 KB rows took 771 GETs (96 KB median) instead of 1,330 (64 KB) at
-# 16 MiB and ran 1.5x faster, 0.05-0.1 GB more resident. (Full size straight after the
-# first read saves the storage chunks that the short runs of small reads fetch whole,
-# about 2 MB per reading process and epoch, but the first batch then waits for a full
-# read: 1.6 s instead of 0.7-0.9 s for 2M light rows at 0 workers.) Four full-size reads
-# in flight hide the round trips while lance decodes the ones that came back: 25k rows of
-# 22 KB at 0 workers, 20 ms, ran at 0.43 (0.39-0.49) of local after the first batch with
-# at most two full-size reads in flight and 0.64 (0.57-0.66) with four, 0.29 and 0.31 GB
-# above the first batch (one 3-round run each); 2M light rows 0.89 and 0.98 (0.64 and
-# 0.72 GB). Eight in flight, joined four at a time into windows read in storage order,
-# send a split's rows of four reads as one run (fewer, larger GETs): the same heavy rows
-# then ran at 0.82 (0.74-0.85) of local with 0.41 GB above the first batch, where four
-# single reads ran at 0.51 (0.50-0.52); light rows at the same speed (their reads are not
-# joined; one 3-round run each, scratch script). ``bench_lance.py --s3 --heavy``: 31.8k ->
-# 60-64k rows/s, 1,862 -> 1,088 GETs an epoch, 0.75-0.85 of local in two runs. A reading
-# worker keeps as many in flight, in reads of at most ``WORKER_READ_BYTES``: two workers of
-# the same rows ran at 0.78 of local with eight reads each in windows of four, 0.67 with
-# four in windows of two (3 rounds, scratch script).
-REMOTE_PACE = ReadPace(
-    io_threads=8,
-    growth=16,
-    read_bytes=32 * 2**20,
-    window_reads=4,
-    workers=ReadPace(io_threads=8, growth=16, read_bytes=WORKER_READ_BYTES, window_reads=4),
-)
 
 # Reads of more rows than this are not joined into windows: at 32 splits they already
 # read runs of 512 rows or more a split, and a window of them would hold a small table's

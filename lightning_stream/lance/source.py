@@ -15,7 +15,8 @@ from lancedb.streaming import StreamingDataset
 from lightning_stream.batching import Batch
 from lightning_stream.lance.columns import BatchMaker, ColumnTypes
 from lightning_stream.lance.order import clump_rows
-from lightning_stream.lance.reader import LOCAL_PACE, REMOTE_PACE, ReadCounters, TableOpener
+from lightning_stream.lance.pace import LOCAL_PACE, REMOTE_PACE
+from lightning_stream.lance.reader import ReadCounters, TableOpener
 from lightning_stream.lance.task import ReadJob, ReadTask, cut
 from lightning_stream.plan import RankEpochPlan
 from lightning_stream.state import DEFAULT

@@ -7,8 +7,9 @@ then reads, per epoch, the rows of its block of splits, in the plan's order, wit
 Arrow rows, which the main process turns into tensors (the same conversion as without
 workers); with a ``transform`` the worker makes the batch and runs it.
 
-This module and :mod:`~lightning_stream.lance.reader` are what a worker imports (with
-lancedb, pyarrow and numpy; torch only to run a ``transform``).
+This module, :mod:`~lightning_stream.lance.reader` and :mod:`~lightning_stream.lance.pace`
+are what a worker imports (with lancedb, pyarrow and numpy; torch only to run a
+``transform``).
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import numpy as np
 import pyarrow as pa
 
 from lightning_stream.allocator import keep_read_buffers
+from lightning_stream.lance.pace import ReadPace
 from lightning_stream.lance.reader import (
     BudgetedReader,
     ReadCounters,
-    ReadPace,
     TableOpener,
     take_rows,
 )
