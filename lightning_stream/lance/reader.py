@@ -153,6 +153,11 @@ def reordered(rows: pa.Table, where: np.ndarray) -> pa.Table:
     return pa.Table.from_arrays(columns, names=rows.column_names)
 
 
+def _joined(futures: list[Future], serving: np.ndarray) -> pa.Table:
+    """A window's rows in serving order, from its reads' rows in storage order."""
+    return reordered(pa.concat_tables([future.result() for future in futures]), serving)
+
+
 def _reordered(column: pa.ChunkedArray, where: np.ndarray) -> pa.Array:
     """``column.take(where)``, with binary and string values not copied."""
     view_type = _VIEW_TYPES.get(column.type, column.type)
@@ -216,10 +221,6 @@ class BudgetedReader:
         fits = max(1, int(read_bytes // max(1.0, self.row_bytes)))
         return min(self.read_rows * self.pace.growth, fits)
 
-    def _joined(self, futures: list[Future], serving: np.ndarray) -> pa.Table:
-        """A window's rows in serving order, from its reads' rows in storage order."""
-        return reordered(pa.concat_tables([future.result() for future in futures]), serving)
-
     def tables(self) -> Iterator[pa.Table]:
         """The rows in order, as Arrow tables of one window each; the next windows' reads
         run while the consumer works on a table."""
@@ -264,7 +265,7 @@ class BudgetedReader:
                     futures, estimate, serving = pending[0]
                     # the reads' own rows are let go here: the window's table copies all
                     # but its binary values
-                    table = self._joined(futures, serving)
+                    table = _joined(futures, serving)
                     del futures
                     pending.popleft()
                     size = held_bytes(table)
