@@ -26,9 +26,14 @@ Reported per shuffle setting and worker count, over the rounds (median and range
   epoch in seconds. The server shares this host's cores with the reader, which a real
   object store does not: near or above 1, the store alone takes a whole local epoch's
   time of one core.
-- cores: the S3 epoch's CPU seconds, the main process's and the server's, over its wall
-  time (the workers' CPU is not in it). Near the host's cores (2 here), the S3 epoch ran
-  as fast as the host's CPU allowed, not waiting on the store's latency.
+- host CPU: the CPU seconds every core of the host spent busy after the first batch
+  (/proc/stat: the reader, its workers, the server and anything else) in the S3 epoch over
+  the local one's, same round; reader CPU: the same less the server's CPU over that time.
+  cores local/S3: each epoch's host CPU after the first batch over its wall time. With
+  the S3 epoch's cores near the host's (2 here) the S3 epoch ran as fast as the host's
+  CPU allowed, and rows/s S3/local can be no more than local's cores over S3's, over its
+  host CPU: the server's share of that CPU is the test rig's, not the reader's (a real
+  store's CPU is not on the reader's host; see ``--store-cores``).
 - blocks/64: the mixing figure, the mean count of distinct 1,024-row storage blocks
   among 64 consecutive rows as the batches deliver them. A row's storage block is its
   ``id // 1024``: both tables are written with ``id`` counting up in storage order
@@ -45,7 +50,7 @@ import time
 from pathlib import Path
 
 from fresh import run_fresh
-from measure import PeakRss, cores_for_store, rates, shown, spread
+from measure import PeakRss, cores_for_store, host_busy_cpu_s, rates, shown, spread
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_SPLITS = 32
@@ -96,13 +101,18 @@ def epoch(config: str, uri: str, endpoint: str, batch_size: int, step_ms: float 
         start, cpu = time.perf_counter(), time.process_time()
         stamps, ids = [], []
         for batch in dm.train_dataloader():
-            if not stamps:
-                first_rss = rss.peak
             stamps.append((time.perf_counter(), len(batch["id"])))
+            if len(stamps) == 1:
+                first_rss = rss.peak
+                host_cpu = host_busy_cpu_s()
+                store_cpu_after_first = cpu_seconds(endpoint) if options else 0.0
             ids.extend(batch["id"].tolist())
             time.sleep(step_ms / 1000)
         elapsed = time.perf_counter() - start
         cpu = time.process_time() - cpu
+        host_cpu = host_busy_cpu_s() - host_cpu
+        if options:
+            store_cpu_after_first = cpu_seconds(endpoint) - store_cpu_after_first
     result = {
         **rates(start, stamps),
         "first_batch_s": stamps[0][0] - start,
@@ -111,9 +121,12 @@ def epoch(config: str, uri: str, endpoint: str, batch_size: int, step_ms: float 
         "peak_rss_mb": rss.peak,
         "peak_above_first_mb": rss.peak - first_rss,
         "cpu_s": cpu,
+        "host_cpu_after_first_s": host_cpu,
+        "wall_after_first_s": stamps[-1][0] - stamps[0][0],
     }
     if options:
         result["store_cpu_s"] = cpu_seconds(endpoint) - store_cpu
+        result["store_cpu_after_first_s"] = store_cpu_after_first
         gets = requests_served(endpoint)
         result["bytes"] = bytes_served(endpoint)
         result["gets"] = len(gets)
@@ -215,10 +228,16 @@ def summary(runs: list[dict], table_bytes: int) -> dict:
                         b.get("store_cpu_s", math.nan) / (a["rows"] / a["rows_per_s"])
                         for a, b in zip(local, s3, strict=True)
                     ),
-                    "s3_cores_busy": statistics.median(
-                        (r.get("cpu_s", math.nan) + r.get("store_cpu_s", math.nan))
-                        / (r["rows"] / r["rows_per_s"])
-                        for r in s3
+                    "host_cores_busy_local": statistics.median(map(_cores_busy, local)),
+                    "host_cores_busy_s3": statistics.median(map(_cores_busy, s3)),
+                    "host_cpu_s3_over_local": statistics.median(
+                        b["host_cpu_after_first_s"] / a["host_cpu_after_first_s"]
+                        for a, b in zip(local, s3, strict=True)
+                    ),
+                    "reader_cpu_s3_over_local": statistics.median(
+                        (b["host_cpu_after_first_s"] - b["store_cpu_after_first_s"])
+                        / a["host_cpu_after_first_s"]
+                        for a, b in zip(local, s3, strict=True)
                     ),
                     "blocks_per_64": statistics.median(r["blocks_per_64"] for r in s3),
                     "gets": statistics.median(r["gets"] for r in s3),
@@ -231,11 +250,16 @@ def summary(runs: list[dict], table_bytes: int) -> dict:
     return figures
 
 
+def _cores_busy(run: dict) -> float:
+    return run["host_cpu_after_first_s"] / run["wall_after_first_s"]
+
+
 def report(figures: dict) -> None:
     print(f"\n{'configuration':<46} {'local rows/s':>12} {'S3 rows/s':>10}"
           f" {'S3/local (range)':>18} {'whole epoch':>18}"
           f" {'bytes/table':>11} {'blocks/64':>9} {'GETs':>7} {'GET KB':>7} {'in flight':>9}"
-          f" {'RSS+ MB':>7} {'store CPU':>9} {'cores':>5}")  # fmt: skip
+          f" {'RSS+ MB':>7} {'store CPU':>9} {'host CPU':>8} {'reader CPU':>10}"
+          f" {'cores local/S3':>14}")  # fmt: skip
     for name, f in figures.items():
         ratio, whole = shown(f["s3_over_local"]), shown(f["s3_over_local_whole_epoch"])
         print(f"{name:<46} {f['local_rows_per_s']['median']:>12.0f}"
@@ -243,7 +267,9 @@ def report(figures: dict) -> None:
               f" {f['bytes_over_table']['median']:>11.2f} {f['blocks_per_64']:>9.1f}"
               f" {f['gets']:>7.0f} {f['median_get_kb']:>7.1f} {f['in_flight']:>9.1f}"
               f" {f['s3_peak_above_first_mb']:>7.0f}"
-              f" {f['store_cpu_over_local_epoch']:>9.2f} {f['s3_cores_busy']:>5.2f}")  # fmt: skip
+              f" {f['store_cpu_over_local_epoch']:>9.2f} {f['host_cpu_s3_over_local']:>8.2f}"
+              f" {f['reader_cpu_s3_over_local']:>10.2f}"
+              f" {f['host_cores_busy_local']:>6.2f}/{f['host_cores_busy_s3']:<7.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

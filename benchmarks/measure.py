@@ -48,6 +48,15 @@ def tree_memory_mb() -> tuple[float, float]:
     return rss / 1024, pss / 1024
 
 
+def host_busy_cpu_s() -> float:
+    """CPU seconds every core of this host has spent busy since boot, from /proc/stat:
+    every process's (the test store's and the reading workers' included) and the kernel's
+    interrupts; not idle, waiting on I/O, or stolen by the hypervisor."""
+    with open("/proc/stat") as stat:
+        user, nice, system, _idle, _iowait, irq, softirq = map(int, stat.readline().split()[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
 class PeakRss:
     def __enter__(self) -> PeakRss:
         self.peak = tree_rss_mb()

@@ -24,7 +24,9 @@ The front is an aiohttp server (its HTTP parser is C; one event loop, so every w
 the same process (``moto.server.ThreadedMotoServer``) on a port of its own. A range GET
 of one byte range is answered at the front from moto's stored object, reading only that
 range (``_range_reply``): moto itself copies the whole object twice for every range read,
-under the object's lock. Every other request (listings, HEAD, PUT, whole-object GETs,
+under the object's lock. Where moto keeps the object in a file (above its in-memory size),
+the range goes out with ``sendfile``, which cut the server's CPU on an epoch of 22 KB rows
+at 0 workers from 0.24 to 0.16 s (medians of 4 rounds, the same reads). Every other request (listings, HEAD, PUT, whole-object GETs,
 and every request when ``check_credentials``) is passed to moto as it came, Host header
 included, so its signature checks hold. Why not werkzeug, moto's server, for the range
 reads too: the store shares this host's 2 cores with the reader it serves, and a real
@@ -50,7 +52,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+import weakref
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # dummy credentials: moto accepts any
 ACCESS_KEY = "lightning-stream-test"
@@ -232,10 +237,27 @@ async def _send_paced(response, body: bytes, bytes_per_s: float) -> None:
         await response.write(piece)
 
 
-def _range_reply(path: str, header: str) -> tuple[dict[str, str], bytes] | None:
+@dataclass(frozen=True)
+class _FileRange:
+    """A range of a file, sent with ``sendfile``: the kernel copies the bytes from the page
+    cache to the socket, with no copy in the server's memory."""
+
+    file: Any
+    start: int
+    size: int
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read(self) -> bytes:
+        return os.pread(self.file.fileno(), self.size, self.start)
+
+
+def _range_reply(path: str, header: str) -> tuple[dict[str, str], bytes | _FileRange] | None:
     """Headers and body of a range GET of ``path`` (``/bucket/key``), read from moto's
-    stored object; ``None`` for anything but one satisfiable range of an existing object
-    (moto then answers it, errors included)."""
+    stored object (a :class:`_FileRange` where moto keeps it in a file); ``None`` for
+    anything but one satisfiable range of an existing object (moto then answers it, errors
+    included)."""
     from urllib.parse import unquote
 
     from moto.core import DEFAULT_ACCOUNT_ID
@@ -256,7 +278,7 @@ def _range_reply(path: str, header: str) -> tuple[dict[str, str], bytes] | None:
     end = min(int(last), key.size - 1) if last.isdigit() else key.size - 1
     buffer = key._value_buffer  # a SpooledTemporaryFile
     if getattr(buffer, "_rolled", False):
-        body = os.pread(buffer.fileno(), end - start + 1, start)
+        body = _FileRange(_own_file(buffer), start, end - start + 1)
     else:
         with key.lock:
             buffer.seek(start)
@@ -269,6 +291,18 @@ def _range_reply(path: str, header: str) -> tuple[dict[str, str], bytes] | None:
         "Last-Modified": key.last_modified_RFC1123,
     }
     return headers, body
+
+
+# moto's object buffers -> the server's own file objects on them (gone with the buffer)
+_OWN_FILES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _own_file(buffer: Any) -> Any:
+    """A file object of the server's own on ``buffer``'s file: ``sendfile`` leaves a file's
+    position after the bytes it sent, and moto seeks and reads its own."""
+    if buffer not in _OWN_FILES:
+        _OWN_FILES[buffer] = open(f"/proc/self/fd/{buffer.fileno()}", "rb")  # noqa: SIM115
+    return _OWN_FILES[buffer]
 
 
 # headers of one hop, not forwarded (aiohttp sets its own framing)
@@ -348,10 +382,15 @@ def _serve(port: int, latency_ms: float, bandwidth_mb_s: float | None, fast_rang
             response = web.StreamResponse(status=status, headers=headers)
             response.content_length = len(body)
             await response.prepare(request)
-            if bandwidth_mb_s is None:
-                await response.write(body)
-            else:
+            if bandwidth_mb_s is not None:
+                body = body.read() if isinstance(body, _FileRange) else body
                 await _send_paced(response, body, bandwidth_mb_s * 1e6)
+            elif isinstance(body, _FileRange):
+                await asyncio.get_running_loop().sendfile(
+                    request.transport, body.file, body.start, body.size
+                )
+            else:
+                await response.write(body)
             await response.write_eof()
         finally:
             sending[0] -= obj

@@ -64,6 +64,44 @@ def test_the_server_waits_before_each_answer_without_holding_up_the_others(s3):
     assert s3.bytes_served() == 8 * 512
 
 
+def write_object(server, name: str, size: int) -> tuple[object, bytes]:
+    """An object of ``size`` random bytes (above moto's in-memory size: kept in a file)."""
+    fs, path = pyarrow_filesystem(f"s3://{BUCKET}/{name}", server.storage_options())
+    data = os.urandom(size)
+    with fs.open_output_stream(path) as out:
+        out.write(data)
+    return fs.open_input_file(path), data
+
+
+RANGES = [(0, 1), (4096, 2**20), (6 * 2**20 - 100, 100), (123_457, 3 * 2**20)]
+
+
+def test_ranges_of_an_object_kept_in_a_file_are_its_bytes(s3):
+    """Ranges the server sends with ``sendfile``, at once, are the object's bytes."""
+    probe, data = write_object(s3, "big-probe", 6 * 2**20)
+    s3.bytes_served(reset=True)
+    got = {}
+    threads = [
+        threading.Thread(target=lambda o, n: got.update({o: probe.read_at(n, o)}), args=(o, n))
+        for o, n in RANGES
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(got[o] == data[o : o + n] for o, n in RANGES)
+    assert s3.bytes_served() == sum(n for _, n in RANGES)
+
+
+def test_a_capped_server_sends_an_object_kept_in_a_file_no_faster_than_its_cap(tmp_path):
+    with S3Server(log=tmp_path / "moto.log", bandwidth_mb_s=40) as capped:
+        capped.create_bucket(BUCKET)
+        probe, data = write_object(capped, "big-probe", 6 * 2**20)
+        start = time.monotonic()
+        assert probe.read_at(2 * 10**6, 4096) == data[4096 : 4096 + 2 * 10**6]
+        assert time.monotonic() - start >= 2 / 40
+
+
 def epoch_ids(dm):
     dm.setup("fit")
     return collections.Counter(int(i) for b in dm.train_dataloader() for i in b["id"])
