@@ -5,7 +5,7 @@ The table (light: ``--rows`` rows of 16 floats, a label and an id; ``--heavy``:
 disk and uploaded as it is to a bucket of ``tests/s3_server.py`` (moto on 127.0.0.1,
 every request answered after ``--latency-ms``, default 20; a body's rate capped by
 ``--bandwidth-mb-s``). Each configuration (a shuffle setting, 0 or 2 workers, local or
-S3) reads one epoch with ``LanceDataModule`` (32 splits) in a fresh process, the
+S3) reads two epochs with ``LanceDataModule`` (32 splits) in a fresh process, the
 configurations interleaved, ``--rounds`` rounds (default 3). ``--step-ms`` follows every
 batch with a wait of that many ms in the consumer: a training step slower than the reads
 that leaves the host's cores to the reader, as a step on a GPU does (default 0: none).
@@ -17,7 +17,10 @@ Reported per shuffle setting and worker count, over the rounds (median and range
 
 - rows/s S3/local: each round's S3 rows/s over the same round's local rows/s, rows/s
   taken after the first batch (the workers' start-up is out), and over the whole epoch
-  from the loader's first ``next`` (the reads that bring the first batch in);
+  from the loader's first ``next`` (the reads that bring the first batch in); next epoch:
+  the same after the second epoch's first batch (lance's file metadata cached, the
+  process's heaps grown: its first epoch touches every page of memory its reads will use
+  afresh). Every other figure is the first epoch's;
 - bytes/table: the response bodies of every GET the server sent from after ``setup``
   to the epoch's end (counted on the server side) over the table's bytes;
 - GETs of object bytes in the epoch, their median size, and the reads in flight on the
@@ -29,11 +32,13 @@ Reported per shuffle setting and worker count, over the rounds (median and range
 - host CPU: the CPU seconds every core of the host spent busy after the first batch
   (/proc/stat: the reader, its workers, the server and anything else) in the S3 epoch over
   the local one's, same round; reader CPU: the same less the server's CPU over that time.
-  cores local/S3: each epoch's host CPU after the first batch over its wall time. With
-  the S3 epoch's cores near the host's (2 here) the S3 epoch ran as fast as the host's
-  CPU allowed, and rows/s S3/local can be no more than local's cores over S3's, over its
-  host CPU: the server's share of that CPU is the test rig's, not the reader's (a real
-  store's CPU is not on the reader's host; see ``--store-cores``).
+  cores local/S3: each epoch's host CPU after the first batch over its wall time. rows/s
+  S3/local is S3's cores over local's, over host CPU S3/local; with the S3 epoch's cores
+  near the host's (2 here) it ran as fast as the host's CPU allowed, and the server's
+  share of that CPU is the test rig's, not the reader's (a real store's CPU is not on the
+  reader's host; see ``--store-cores``).
+- RSS+ MB: the process tree's peak resident memory over both epochs above its resident
+  memory at the first batch.
 - blocks/64: the mixing figure, the mean count of distinct 1,024-row storage blocks
   among 64 consecutive rows as the batches deliver them. A row's storage block is its
   ``id // 1024``: both tables are written with ``id`` counting up in storage order
@@ -76,9 +81,24 @@ def blocks_per_rows(ids, rows: int = MIX_ROWS, block: int = BLOCK_ROWS) -> float
     return float(np.mean([len(np.unique(g)) for g in groups]))
 
 
+def _epoch(dm, step_ms: float, at_first_batch) -> tuple[float, list, list]:
+    """One epoch of ``dm``: its start, each batch's (arrival time, rows), and the ids it
+    served; ``at_first_batch()`` runs when the first batch is in."""
+    start = time.perf_counter()
+    stamps, ids = [], []
+    for batch in dm.train_dataloader():
+        stamps.append((time.perf_counter(), len(batch["id"])))
+        if len(stamps) == 1:
+            at_first_batch()
+        ids.extend(batch["id"].tolist())
+        time.sleep(step_ms / 1000)
+    return start, stamps, ids
+
+
 def epoch(config: str, uri: str, endpoint: str, batch_size: int, step_ms: float = 0) -> dict:
-    """One epoch of configuration ``setting:workers:store``, in this (fresh) process,
-    each batch followed by a wait of ``step_ms``."""
+    """Two epochs of configuration ``setting:workers:store``, in this (fresh) process,
+    each batch followed by a wait of ``step_ms``: the first measured in full, the next for
+    its rows/s."""
     sys.path.insert(0, str(ROOT))
     from lightning_stream import LanceDataModule
     from tests.s3_server import bytes_served, cpu_seconds, requests_served, storage_options
@@ -93,45 +113,43 @@ def epoch(config: str, uri: str, endpoint: str, batch_size: int, step_ms: float 
         uri, name, num_splits=NUM_SPLITS, batch_size=batch_size, num_workers=int(workers),
         storage_options=options, **SETTINGS[setting],
     )  # fmt: skip
+    first: dict[str, float] = {}
+
+    def at_first_batch() -> None:
+        first["rss"] = rss.peak
+        first["host_cpu"] = host_busy_cpu_s()
+        first["store_cpu"] = cpu_seconds(endpoint) if options else 0.0
+
     with PeakRss() as rss:
         dm.setup("fit")
         if options:
             bytes_served(endpoint, reset=True)
             store_cpu = cpu_seconds(endpoint)
-        start, cpu = time.perf_counter(), time.process_time()
-        stamps, ids = [], []
-        for batch in dm.train_dataloader():
-            stamps.append((time.perf_counter(), len(batch["id"])))
-            if len(stamps) == 1:
-                first_rss = rss.peak
-                host_cpu = host_busy_cpu_s()
-                store_cpu_after_first = cpu_seconds(endpoint) if options else 0.0
-            ids.extend(batch["id"].tolist())
-            time.sleep(step_ms / 1000)
+        cpu = time.process_time()
+        start, stamps, ids = _epoch(dm, step_ms, at_first_batch)
         elapsed = time.perf_counter() - start
-        cpu = time.process_time() - cpu
-        host_cpu = host_busy_cpu_s() - host_cpu
+        result = {
+            **rates(start, stamps),
+            "first_batch_s": stamps[0][0] - start,
+            "rows": len(ids),
+            "blocks_per_64": blocks_per_rows(ids),
+            "cpu_s": time.process_time() - cpu,
+            "host_cpu_after_first_s": host_busy_cpu_s() - first["host_cpu"],
+            "wall_after_first_s": stamps[-1][0] - stamps[0][0],
+        }
         if options:
-            store_cpu_after_first = cpu_seconds(endpoint) - store_cpu_after_first
-    result = {
-        **rates(start, stamps),
-        "first_batch_s": stamps[0][0] - start,
-        "rows": len(ids),
-        "blocks_per_64": blocks_per_rows(ids),
-        "peak_rss_mb": rss.peak,
-        "peak_above_first_mb": rss.peak - first_rss,
-        "cpu_s": cpu,
-        "host_cpu_after_first_s": host_cpu,
-        "wall_after_first_s": stamps[-1][0] - stamps[0][0],
-    }
-    if options:
-        result["store_cpu_s"] = cpu_seconds(endpoint) - store_cpu
-        result["store_cpu_after_first_s"] = store_cpu_after_first
-        gets = requests_served(endpoint)
-        result["bytes"] = bytes_served(endpoint)
-        result["gets"] = len(gets)
-        result["median_get_kb"] = statistics.median(g[2] for g in gets) / 1024 if gets else 0
-        result["in_flight"] = sum(g[1] for g in gets) / elapsed
+            result["store_cpu_s"] = cpu_seconds(endpoint) - store_cpu
+            result["store_cpu_after_first_s"] = cpu_seconds(endpoint) - first["store_cpu"]
+            gets = requests_served(endpoint)
+            result["bytes"] = bytes_served(endpoint)
+            result["gets"] = len(gets)
+            result["median_get_kb"] = statistics.median(g[2] for g in gets) / 1024 if gets else 0
+            result["in_flight"] = sum(g[1] for g in gets) / elapsed
+        first_rss = first["rss"]
+        start, stamps, _ = _epoch(dm, step_ms, lambda: None)
+        result["next_epoch"] = rates(start, stamps)
+    result["peak_rss_mb"] = rss.peak
+    result["peak_above_first_mb"] = rss.peak - first_rss
     dm.teardown("fit")
     return result
 
@@ -220,6 +238,12 @@ def summary(runs: list[dict], table_bytes: int) -> dict:
                             for a, b in zip(local, s3, strict=True)
                         ]
                     ),
+                    "s3_over_local_next_epoch": spread(
+                        [
+                            b["next_epoch"]["after_first"] / a["next_epoch"]["after_first"]
+                            for a, b in zip(local, s3, strict=True)
+                        ]
+                    ),
                     "s3_over_local_whole_epoch": spread(
                         [b["rows_per_s"] / a["rows_per_s"] for a, b in zip(local, s3, strict=True)]
                     ),
@@ -256,14 +280,15 @@ def _cores_busy(run: dict) -> float:
 
 def report(figures: dict) -> None:
     print(f"\n{'configuration':<46} {'local rows/s':>12} {'S3 rows/s':>10}"
-          f" {'S3/local (range)':>18} {'whole epoch':>18}"
+          f" {'S3/local (range)':>18} {'whole epoch':>18} {'next epoch':>18}"
           f" {'bytes/table':>11} {'blocks/64':>9} {'GETs':>7} {'GET KB':>7} {'in flight':>9}"
           f" {'RSS+ MB':>7} {'store CPU':>9} {'host CPU':>8} {'reader CPU':>10}"
           f" {'cores local/S3':>14}")  # fmt: skip
     for name, f in figures.items():
         ratio, whole = shown(f["s3_over_local"]), shown(f["s3_over_local_whole_epoch"])
+        following = shown(f["s3_over_local_next_epoch"])
         print(f"{name:<46} {f['local_rows_per_s']['median']:>12.0f}"
-              f" {f['s3_rows_per_s']['median']:>10.0f} {ratio:>18} {whole:>18}"
+              f" {f['s3_rows_per_s']['median']:>10.0f} {ratio:>18} {whole:>18} {following:>18}"
               f" {f['bytes_over_table']['median']:>11.2f} {f['blocks_per_64']:>9.1f}"
               f" {f['gets']:>7.0f} {f['median_get_kb']:>7.1f} {f['in_flight']:>9.1f}"
               f" {f['s3_peak_above_first_mb']:>7.0f}"
