@@ -26,9 +26,10 @@ of one byte range is answered at the front from moto's stored object, reading on
 range (``_range_reply``): moto itself copies the whole object twice for every range read,
 under the object's lock. Where moto keeps the object in a file (above its in-memory size),
 the range goes out with ``sendfile``, which cut the server's CPU on an epoch of 22 KB rows
-at 0 workers from 0.24 to 0.16 s (medians of 4 rounds, the same reads). Every other request (listings, HEAD, PUT, whole-object GETs,
-and every request when ``check_credentials``) is passed to moto as it came, Host header
-included, so its signature checks hold. Why not werkzeug, moto's server, for the range
+at 0 workers from 0.24 to 0.16 s (medians of 4 rounds, the same reads). Every other
+request (listings, HEAD, PUT, whole-object GETs, and every request when
+``check_credentials``) is passed to moto as it came, Host header included, so its
+signature checks hold. Why not werkzeug, moto's server, for the range
 reads too: the store shares this host's 2 cores with the reader it serves, and a real
 store's CPU is not on the reader's host. werkzeug spent 0.8 ms of CPU per range GET
 (Python's header parsing, a thread per connection): 1.5 s per epoch of a 0.55 GB table
