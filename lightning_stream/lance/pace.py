@@ -36,10 +36,8 @@ class ReadPace:
 # handed out), and larger reads cover more of a round trip. 25k rows of 22 KB at 20 ms,
 # 2 workers (each worker's reads 8 MiB with 256 MiB, 16 MiB with 512): 0.73 (0.66-0.77) of
 # local with 256 MiB, 0.81 (0.70-0.83) with 512, 0.36 and 0.57 GB above the first batch
-# (``bench_lance.py --s3 --heavy``, medians of 3 rounds; at most 0.39 and 0.70 GB in a
-# round); at 0 workers (22 and 32 MiB reads) within the host's spread, 0.34 and 0.50 GB;
-# 2M light rows at 0.9-1.1 GB either way. 384 MiB gave 0.83 / 0.91 at 0 / 2 workers at
-# 20 ms but 0.73 / 0.54 at 0 ms, with up to 0.59 GB.
+# (``bench_lance.py --s3 --heavy``, medians of 3 rounds); at 0 workers (22 and 32 MiB reads)
+# within the host's spread, 0.34 and 0.50 GB; 2M light rows at 0.9-1.1 GB either way.
 LOCAL_READ_AHEAD_BYTES = 256 * 2**20
 REMOTE_READ_AHEAD_BYTES = 512 * 2**20
 
