@@ -102,12 +102,8 @@ class LanceDataModule(StreamingDataModule):
         read_ahead_bytes: bytes of rows each rank may hold that training has not taken
             yet: reads in flight and rows read but not yet handed out as batches, summed
             over the rank's reading processes (the main process, or its workers, each
-            with an equal share); default ``None``: 256 MiB for a table on local disk,
-            512 MiB on an object store, where the reads in flight must cover each
-            request's round trip and larger ones cover more of it (22 KB rows from S3 at
-            20 ms, 2 workers: 0.73 of local disk's rows/s with 256 MiB, 0.81 with 512, at
-            0.36 and 0.57 GB above the first batch). Memory stays flat whatever the
-            table's size and however slow the training step is. A worker's share goes three
+            with an equal share); default 256 MiB. Memory stays flat whatever the table's
+            size and however slow the training step is. A worker's share goes three
             quarters to its reads and a quarter to the shared memory slots its batches
             cross in. Each reading process also always allows one window of reads of at
             least one row beyond it.
@@ -140,14 +136,13 @@ class LanceDataModule(StreamingDataModule):
         predict_filter: str | None = None,
         predict_table: str | None = None,
         shuffle_clump_size: int | None = None,
-        read_ahead_bytes: int | None = None,
+        read_ahead_bytes: int = 256 * 2**20,
         storage_options: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
         check_options(storage_options)
         _check_positive(num_splits=num_splits, batch_size=batch_size)
-        if read_ahead_bytes is not None:
-            _check_positive(read_ahead_bytes=read_ahead_bytes)
+        _check_positive(read_ahead_bytes=read_ahead_bytes)
         if shuffle_clump_size is not None:
             _check_positive(shuffle_clump_size=shuffle_clump_size)
         if num_workers < 0:

@@ -30,18 +30,6 @@ class ReadPace:
         return self.workers or self
 
 
-# ``read_ahead_bytes``' defaults: a rank's bytes of rows not yet trained on. Locally a read
-# is at most 16 MiB and the budget is not what bounds it; on an object store the budget
-# sizes the reads (each reading process's share over its reads in flight and a window
-# handed out), and larger reads cover more of a round trip. 25k rows of 22 KB at 20 ms,
-# 2 workers (each worker's reads 8 MiB with 256 MiB, 16 MiB with 512): 0.73 (0.66-0.77) of
-# local with 256 MiB, 0.81 (0.70-0.83) with 512, 0.36 and 0.57 GB above the first batch
-# (``bench_lance.py --s3 --heavy``, medians of 3 rounds); at 0 workers (22 and 32 MiB reads)
-# within the host's spread, 0.34 and 0.50 GB; 2M light rows at 0.9-1.1 GB either way.
-LOCAL_READ_AHEAD_BYTES = 256 * 2**20
-REMOTE_READ_AHEAD_BYTES = 512 * 2**20
-
-
 # Two reading workers of 22 KB rows on an object store (``bench_lance.py --s3 --heavy``,
 # 20 ms) held 0.6 GB above the first batch with 32 MiB reads, 0.32 GB with 16 MiB; the
 # epoch ran at 0.89 and 0.85 of local (0.90 and 0.68 after its first batch).

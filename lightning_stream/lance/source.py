@@ -15,12 +15,7 @@ from lancedb.streaming import StreamingDataset
 from lightning_stream.batching import Batch
 from lightning_stream.lance.columns import BatchMaker, ColumnTypes
 from lightning_stream.lance.order import clump_rows
-from lightning_stream.lance.pace import (
-    LOCAL_PACE,
-    LOCAL_READ_AHEAD_BYTES,
-    REMOTE_PACE,
-    REMOTE_READ_AHEAD_BYTES,
-)
+from lightning_stream.lance.pace import LOCAL_PACE, REMOTE_PACE
 from lightning_stream.lance.reader import ReadCounters, TableOpener
 from lightning_stream.lance.task import ReadJob, ReadTask, cut
 from lightning_stream.plan import RankEpochPlan
@@ -78,8 +73,7 @@ class LanceSource:
     (its permutation table); the rows are then read in the plan's order (the order of
     lancedb's own loader, see :mod:`lightning_stream.plan`) by a
     :class:`~lightning_stream.lance.reader.BudgetedReader` per reading process, which
-    holds at most ``read_ahead_bytes`` (shared by the rank's workers; ``None``: the
-    default of a table on local disk or on an object store) not yet handed out.
+    holds at most ``read_ahead_bytes`` (shared by the rank's workers) not yet handed out.
 
     With workers, each one reads its block of splits (a
     :class:`~lightning_stream.lance.task.ReadTask` in a
@@ -100,7 +94,7 @@ class LanceSource:
         columns: list[str] | None,
         filter: str | None,
         transform: Callable[[Batch], Batch] | None,
-        read_ahead_bytes: int | None,
+        read_ahead_bytes: int,
         num_workers: int,
         storage_options: dict[str, str] | None = None,
     ) -> None:
@@ -113,13 +107,10 @@ class LanceSource:
         self.columns = columns
         self.filter = filter
         self.transform = transform
-        remote = is_remote(uri)
-        self.read_ahead_bytes = read_ahead_bytes or (
-            REMOTE_READ_AHEAD_BYTES if remote else LOCAL_READ_AHEAD_BYTES
-        )
+        self.read_ahead_bytes = read_ahead_bytes
         self.read_counters = ReadCounters(1 + num_workers)
         self.storage_options = storage_options
-        self.pace = REMOTE_PACE if remote else LOCAL_PACE
+        self.pace = REMOTE_PACE if is_remote(uri) else LOCAL_PACE
         self.pool: WorkerPool | None = None
         self._open(version)
 
