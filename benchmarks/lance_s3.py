@@ -138,18 +138,18 @@ def epoch(config: str, uri: str, endpoint: str, batch_size: int, step_ms: float 
             "wall_after_first_s": stamps[-1][0] - stamps[0][0],
         }
         if options:
-            result["store_cpu_s"] = cpu_seconds(endpoint) - store_cpu
-            result["store_cpu_after_first_s"] = cpu_seconds(endpoint) - first["store_cpu"]
+            store_cpu_now = cpu_seconds(endpoint)
+            result["store_cpu_s"] = store_cpu_now - store_cpu
+            result["store_cpu_after_first_s"] = store_cpu_now - first["store_cpu"]
             gets = requests_served(endpoint)
             result["bytes"] = bytes_served(endpoint)
             result["gets"] = len(gets)
             result["median_get_kb"] = statistics.median(g[2] for g in gets) / 1024 if gets else 0
             result["in_flight"] = sum(g[1] for g in gets) / elapsed
-        first_rss = first["rss"]
         start, stamps, _ = _epoch(dm, step_ms, lambda: None)
         result["next_epoch"] = rates(start, stamps)
     result["peak_rss_mb"] = rss.peak
-    result["peak_above_first_mb"] = rss.peak - first_rss
+    result["peak_above_first_mb"] = rss.peak - first["rss"]
     dm.teardown("fit")
     return result
 

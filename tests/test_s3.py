@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -80,16 +81,9 @@ def test_ranges_of_an_object_kept_in_a_file_are_its_bytes(s3):
     """Ranges the server sends with ``sendfile``, at once, are the object's bytes."""
     probe, data = write_object(s3, "big-probe", 6 * 2**20)
     s3.bytes_served(reset=True)
-    got = {}
-    threads = [
-        threading.Thread(target=lambda o, n: got.update({o: probe.read_at(n, o)}), args=(o, n))
-        for o, n in RANGES
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert all(got[o] == data[o : o + n] for o, n in RANGES)
+    with ThreadPoolExecutor(len(RANGES)) as pool:
+        got = list(pool.map(lambda r: probe.read_at(r[1], r[0]), RANGES))
+    assert got == [data[o : o + n] for o, n in RANGES]
     assert s3.bytes_served() == sum(n for _, n in RANGES)
 
 
