@@ -202,7 +202,20 @@ def run(args: argparse.Namespace, extra_callbacks: tuple[Callback, ...] = ()) ->
     )
     model = LedgerModel(args.ledger_dir, args.estimated_steps, "video" if args.video else "lance")
     trainer.fit(model, datamodule=datamodule(args), ckpt_path=args.ckpt_path)
+    release_process_group()
     return trainer
+
+
+def release_process_group() -> None:
+    """End this process's part of the DDP process group, if it has one.
+
+    Lightning leaves the group alive when ``fit`` returns. Gloo's threads then outlive the
+    interpreter's shutdown, and a 2-process run that had finished aborted at exit
+    ("terminate called without an active exception", SIGABRT) once in a CI run: its exit
+    status said it failed. Ending the group while the interpreter is whole avoids that.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, OnExceptionCheckpoint
 
 from lightning_stream import LanceDataModule
-from lightning_stream.demo import arguments, run
+from lightning_stream.demo import arguments, release_process_group, run
 
 TEST_FILTER = "id % 7 != 0"
 
@@ -82,6 +82,7 @@ def evaluate(args) -> None:
     model = IdsPerRank(args.ledger_dir)
     trainer.test(model, datamodule=dm)
     trainer.predict(model, datamodule=dm, return_predictions=False)
+    release_process_group()
 
 
 def main() -> None:
