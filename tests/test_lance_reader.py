@@ -91,3 +91,45 @@ def test_windows_read_in_storage_order_and_serve_in_the_plans_order(heavy_uri):
     alone_runs = sum(map(runs, alone["asked"]))
     windowed_runs = sum(map(runs, windowed["asked"]))
     assert windowed_runs < 0.7 * alone_runs, (windowed_runs, alone_runs)
+
+
+def test_reads_not_joined_into_windows_keep_to_their_own_limit(tmp_path):
+    """Reads of narrow rows (more than WINDOW_READ_ROWS a read, not joined) run at most
+    ``lone_reads`` at once; where it is unset, as many as ``io_threads``."""
+    import threading
+    import time
+
+    from lightning_stream.demo import make_table
+
+    rows = 150_000
+    make_table(str(tmp_path), rows)
+    table = lancedb.connect(str(tmp_path)).open_table("samples")
+    read = take_rows(table, ["id"])
+
+    def most_at_once(lone_reads: int | None) -> tuple[int, list[int]]:
+        running, most, sizes, lock = [0], [0], [], threading.Lock()
+
+        def timed(ids: np.ndarray) -> pa.Table:
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+                sizes.append(len(ids))
+            time.sleep(0.05)  # every read overlaps the ones started with it
+            try:
+                return read(ids)
+            finally:
+                with lock:
+                    running[0] -= 1
+
+        # a 16-row first read, then reads of 32,768 ids of 8 bytes: above WINDOW_READ_ROWS
+        pace = ReadPace(io_threads=4, growth=2048, read_bytes=2**18, window_reads=2,
+                        lone_reads=lone_reads)  # fmt: skip
+        reader = BudgetedReader(timed, np.arange(rows), 2**30, ReadCounters(1), 0, pace)
+        served = [i for part in reader.tables() for i in part["id"].to_pylist()]
+        assert served == list(range(rows))
+        return most[0], sizes
+
+    limited, sizes = most_at_once(2)
+    assert limited == 2
+    assert sizes[0] == 16 and min(sizes[1:-1]) == 32_768, sizes
+    assert most_at_once(None)[0] == 4

@@ -16,18 +16,24 @@ class ReadPace:
     """How one reading process reads: reads in flight at once, the factor each read's
     size grows by over the one before, the size they grow to, how many reads make a
     window (the rows of a window are read in storage order, split between its reads, and
-    handed out once all its reads are in), and the pace of each reading worker (``None``:
-    this one)."""
+    handed out once all its reads are in), reads in flight at once when they are not
+    joined into windows (``None``: ``io_threads``), and the pace of each reading worker
+    (``None``: this one)."""
 
     io_threads: int
     growth: int
     read_bytes: int
     window_reads: int = 1
+    lone_reads: int | None = None
     workers: ReadPace | None = None
 
     def for_workers(self) -> ReadPace:
         """The pace of each reading worker."""
         return self.workers or self
+
+    def lone_reads_in_flight(self) -> int:
+        """Reads in flight at once when they are not joined into windows."""
+        return self.lone_reads or self.io_threads
 
 
 # Two reading workers of 22 KB rows on an object store (``bench_lance.py --s3 --heavy``,
@@ -36,23 +42,27 @@ class ReadPace:
 WORKER_READ_BYTES = 16 * 2**20
 
 
-# Local disk: two reads, one running while the main process works on the one before.
-# Reads grow 4x at a time up to 16 MiB: small first reads bring the first batch early,
-# large ones read each storage page once and cost lance less CPU per row (scattered 22 KB
-# rows: 1,500-row reads took about 0.6x the CPU of 380-row ones). While a read runs lance
-# holds several times its size: 16 MiB keeps a reading process's memory flat through an
-# epoch (32 MiB was faster but grew 0.25 GB and kept creeping). The two reads make one
-# window, read in storage order (see REMOTE_PACE): 25k rows of 22 KB at 0 workers ran
-# 1.05 (epoch 1) and 1.08 (epoch 2) times as fast as two single reads, medians of 6
-# rounds, 0.10 GB above the first batch instead of 0.13 (scratch script); windows of two
-# with four reads in flight ran 1.08 and 1.13 with 0.18 GB.
+# Local disk. Reads grow 4x at a time up to 16 MiB: small first reads bring the first
+# batch early, large ones read each storage page once and cost lance less CPU per row
+# (scattered 22 KB rows: 1,500-row reads took about 0.6x the CPU of 380-row ones). While a
+# read runs lance holds several times its size: 16 MiB keeps a reading process's memory
+# flat through an epoch (32 MiB was faster but grew 0.25 GB and kept creeping). Reads are
+# joined two at a time into windows read in storage order (see REMOTE_PACE): 25k rows of
+# 22 KB at 0 workers ran 1.05 (epoch 1) and 1.08 (epoch 2) times as fast as two single
+# reads, medians of 6 rounds. Two windows are in flight, so lance decodes the next while
+# the main process works on one: with one, a quarter of the 2 cores sat idle (perf) and the
+# same rows ran at 53k (epoch 1) and 61k rows/s (later epochs) where two ran 57k and 65k,
+# medians of 4 interleaved rounds, at most 0.19 GB above the first batch instead of 0.13
+# (scratch script). Reads that are not joined (narrow rows) stay two in flight: four of 2M
+# light rows ran no faster and held up to 0.55 GB above the first batch instead of 0.39.
 # A reading worker runs one read at a time: the rank's workers together run about as
 # many as its main process does alone.
 LOCAL_PACE = ReadPace(
-    io_threads=2,
+    io_threads=4,
     growth=4,
     read_bytes=16 * 2**20,
     window_reads=2,
+    lone_reads=2,
     workers=ReadPace(io_threads=1, growth=4, read_bytes=WORKER_READ_BYTES),
 )
 # Object store (``bench_lance.py --s3``, 20 ms a request): every read waits a round trip

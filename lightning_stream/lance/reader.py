@@ -237,8 +237,9 @@ class BudgetedReader:
                     read_rows = self._next_read_rows()
                     joined = self.row_bytes is not None and read_rows <= WINDOW_READ_ROWS
                     reads = self.pace.window_reads if joined else 1
+                    limit = self.pace.io_threads if joined else self.pace.lone_reads_in_flight()
                     in_flight = sum(len(futures) for futures, _, _ in pending)
-                    if in_flight and in_flight + reads > self.pace.io_threads:
+                    if in_flight and in_flight + reads > limit:
                         return
                     rows = min(read_rows * reads, total - next_row)
                     estimate = int(rows * (self.row_bytes or 0))
