@@ -116,6 +116,9 @@ class WindowPolicy(pl.LightningModule):
 
 def main() -> None:
     LightningCLI(WindowPolicy, SyntheticVideoDataModule)
+    # Lightning leaves a DDP process group alive; gloo's threads can abort the exit
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

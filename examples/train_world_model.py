@@ -147,6 +147,9 @@ class LatentDynamics(pl.LightningModule):
 
 def main() -> None:
     LightningCLI(LatentDynamics, TrajectoryDataModule)
+    # Lightning leaves a DDP process group alive; gloo's threads can abort the exit
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
