@@ -51,8 +51,8 @@ WORKER_READ_BYTES = 16 * 2**20
 # 22 KB at 0 workers ran 1.05 (epoch 1) and 1.08 (epoch 2) times as fast as two single
 # reads, medians of 6 rounds. Two windows are in flight, so lance decodes the next while
 # the main process works on one: with one, a quarter of the 2 cores sat idle (perf) and the
-# same rows ran at 53k (epoch 1) and 61k rows/s (later epochs) where two ran 57k and 65k,
-# medians of 4 interleaved rounds, at most 0.19 GB above the first batch instead of 0.13
+# same rows ran at 54k (epoch 1) and 61k rows/s (later epochs) where two ran 60k and 65k,
+# medians of 5 interleaved rounds, at most 0.17 GB above the first batch instead of 0.14
 # (scratch script). Reads that are not joined (narrow rows) stay two in flight: four of 2M
 # light rows ran no faster and held up to 0.55 GB above the first batch instead of 0.39.
 # A reading worker runs one read at a time: the rank's workers together run about as
