@@ -42,9 +42,10 @@ frames per delivered frame.
 
 ``--s3`` starts an S3-protocol server on 127.0.0.1 (moto, ``tests/s3_server.py``) that
 answers each request after ``--latency-ms`` (default 20, a real store's time to first
-byte), uploads the same dataset to a bucket, and runs one epoch of the module from local
-disk and one from S3 in this process, alternating, ``--rounds`` times (sidecars built at
-setup, not timed). It reports windows/s of each and S3 / local paired by round, and the
+byte), uploads the LeRobot-shaped dataset of ``--workers`` to a bucket, and runs one epoch
+of the module (its LeRobot-style windows, ``byte_budget_gb=0.25``) from local disk and one
+from S3 in this process, alternating, ``--rounds`` times (sidecars built at setup, not
+timed). It reports windows/s of each and S3 / local paired by round, and the
 bytes the server sent during the epoch (response bodies of every GET, counted on the
 server side) over the dataset's MP4 bytes, as medians with their range.
 """
@@ -180,8 +181,9 @@ def epoch_windows_per_s(root: str, sidecars: Path, s3=None) -> tuple[float, int]
     from lightning_stream.video.datamodule import VideoEpisodeDataModule
 
     dm = VideoEpisodeDataModule(
-        root, delta_timestamps=DELTAS, num_splits=24, batch_size=16, sidecar_dir=str(sidecars),
-        byte_budget_gb=BUDGET_GB, storage_options=s3.storage_options() if s3 else None,
+        root, delta_timestamps=LEROBOT_DELTAS, num_splits=24, batch_size=16,
+        sidecar_dir=str(sidecars), byte_budget_gb=BUDGET_GB,
+        storage_options=s3.storage_options() if s3 else None,
     )  # fmt: skip
     dm.setup("fit")
     if s3:
@@ -399,7 +401,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "dataset"
-        lerobot = args.memory or args.workers
+        lerobot = args.memory or args.workers or args.s3
         low, high = (150, 281) if lerobot else (40, 121)
         lengths = np.random.default_rng(0).integers(low, high, args.episodes).tolist()
         # a LeRobot-shaped dataset: camera-like texture and x264's B-frame settings
