@@ -1,9 +1,13 @@
 """A reading process's reads: windows of reads in storage order, served in the plan's order."""
 
+import threading
+import time
+
 import lancedb
 import numpy as np
 import pyarrow as pa
 
+from lightning_stream.demo import make_table
 from lightning_stream.lance.pace import ReadPace
 from lightning_stream.lance.reader import (
     BudgetedReader,
@@ -96,11 +100,6 @@ def test_windows_read_in_storage_order_and_serve_in_the_plans_order(heavy_uri):
 def test_reads_not_joined_into_windows_keep_to_their_own_limit(tmp_path):
     """Reads of narrow rows (more than WINDOW_READ_ROWS a read, not joined) run at most
     ``lone_reads`` at once; where it is unset, as many as ``io_threads``."""
-    import threading
-    import time
-
-    from lightning_stream.demo import make_table
-
     rows = 150_000
     make_table(str(tmp_path), rows)
     table = lancedb.connect(str(tmp_path)).open_table("samples")
