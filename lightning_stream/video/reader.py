@@ -11,21 +11,19 @@ nor Lightning, so a worker that runs it starts in a fraction of a second.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow.fs as pafs
 
-from lightning_stream.video.decode import (
-    DamagedVideoError,
-    decode_range,
-    frames_at,
-    packet_range,
-)
+from lightning_stream.video.decode import DamagedVideoError, decode_range, frames_at, packet_range
 from lightning_stream.video.frames import CameraFrames, ResidentChunk
 from lightning_stream.video.lerobot import ID_COLUMNS, open_dataset
 from lightning_stream.video.mp4 import VideoTrack
@@ -37,6 +35,7 @@ from lightning_stream.video.plan import (
     cut_splits,
     frame_offsets,
 )
+from lightning_stream.video.shared import Fetch, SharedRanges, read_now
 from lightning_stream.video.sidecar import VideoFile, load_or_build
 
 # reads in flight ahead of the chunks being decoded, on an object store (each waits a
@@ -124,8 +123,13 @@ class EpisodeReader:
         # current ones decode: (file, offset, size) -> the read in flight
         self.remote = not isinstance(self.dataset.fs, pafs.LocalFileSystem)
         self._fetches: dict[tuple[str, int, int], Future] = {}
-        self._ranges: dict[tuple[Piece, str], tuple] = {}  # of the chunks read ahead
+        # the camera ranges of chunks not resident yet (read ahead, or sharing packets)
+        self._ranges: dict[tuple[Piece, str], tuple] = {}
         self._fetcher: ThreadPoolExecutor | None = None
+        # the packets both sides of a cut need are read once (see video/shared.py); the
+        # pass's chunks not read yet, by episode
+        self._shared = SharedRanges.within(spec.byte_budget_gb)
+        self._unread: defaultdict[int, set[Piece]] = defaultdict(set)
         self.bytes_loaded = 0
         self.frames_decoded = 0  # packets decoded by chunks already dropped
 
@@ -216,31 +220,34 @@ class EpisodeReader:
         self.resident.clear()
         self._fetches.clear()
         self._ranges.clear()
+        self._shared.clear()
+        self._unread.clear()
 
     def _make_resident(self, piece: Piece, last: int) -> ResidentChunk:
         """A chunk's packets, read (one range per camera, or the read ahead of it), none
         decoded yet."""
         chunk = ResidentChunk(last)
         for camera in self.dataset.cameras:
-            relative, track, handle, first, wanted = self._ranges.pop(
-                (piece, camera), None
-            ) or self._camera_range(piece, camera)
+            relative, track, handle, first, wanted, _, _ = self._camera_range(piece, camera)
+            del self._ranges[piece, camera]
 
-            def read_at(offset: int, size: int, handle=handle, relative=relative) -> bytes:
-                fetched = self._fetches.pop((relative, offset, size), None)
-                if fetched is not None:
-                    return fetched.result()
-                self.bytes_loaded += size
-                return handle.read_at(size, offset)
+            def read_at(offset: int, size: int, handle=handle, relative=relative, camera=camera):
+                fetched = self._fetches.pop((relative, offset, size), None) or self._read(
+                    piece, camera, relative, offset, size, partial(read_now, handle)
+                )
+                return fetched.result()
 
             name = self.dataset.path(relative)
             chunk.cameras[camera] = CameraFrames(read_at, track, wanted, name, self.decode_threads)
             chunk.first[camera] = first
         return chunk
 
-    def _camera_range(self, piece: Piece, camera: str) -> tuple[str, VideoTrack, Any, int, Any]:
+    def _camera_range(self, piece: Piece, camera: str) -> tuple:
         """A chunk's file of ``camera``, its index and handle, the chunk's first episode
-        frame there, and the decode indices of its frames."""
+        frame there, the decode indices of its frames, and its packets' byte range
+        (offset, size); kept until the chunk is made resident."""
+        if (piece, camera) in self._ranges:
+            return self._ranges[piece, camera]
         episode = self.dataset.episodes[piece.episode]
         offsets = self.offsets.get(camera, np.zeros(1, dtype=np.int64))
         first = max(0, piece.start + int(offsets.min()))
@@ -249,12 +256,23 @@ class EpisodeReader:
         track, handle = self.track(relative)
         seconds = from_timestamp + np.arange(first, stop) / self.fps
         wanted = frames_at(track, seconds, self.dataset.path(relative), 0.5 / self.fps)
-        return relative, track, handle, first, wanted
+        offset, size = packet_range(track, *decode_range(track, wanted))
+        found = self._ranges[piece, camera] = (relative, track, handle, first, wanted, offset, size)
+        return found
 
-    def fetch_ahead(self, epoch: int, positions: list[tuple[int, int]]) -> None:
-        """Start reading the packets of the chunks of ``(split, position)`` anchors that
-        are not resident yet (on an object store)."""
-        for split, position in positions:
+    def begin_pass(self, epoch: int, first_round: list[tuple[int, int]]) -> None:
+        """A pass over the ``(split, position)`` anchors starting with ``first_round``: its
+        splits' chunks from each one's first position there on are to be read (a split not
+        in it shares no packets), and on an object store the first round's chunks are read
+        at once."""
+        starts: dict[int, int] = {}
+        for split, position in first_round:
+            starts.setdefault(split, position)  # a split's positions rise
+        for split, start in starts.items():
+            order = self.split_order(epoch, split)
+            for slot in np.flatnonzero(order.last >= start).tolist():
+                self._unread[order.chunks[slot].episode].add(order.chunks[slot])
+        for split, position in first_round:
             order = self.split_order(epoch, split)
             if (split, int(order.chunk_of[position])) not in self.resident:
                 self._fetch_chunk(order.chunks[int(order.chunk_of[position])])
@@ -265,14 +283,32 @@ class EpisodeReader:
             return  # a local read costs no round trip
         if self._fetcher is None:
             self._fetcher = ThreadPoolExecutor(FETCH_THREADS, "video-fetch")
+        fetcher = self._fetcher
         for camera in self.dataset.cameras:
-            found = self._ranges[piece, camera] = self._camera_range(piece, camera)
-            relative, track, handle, _, wanted = found
-            offset, size = packet_range(track, *decode_range(track, wanted))
+            relative, _, handle, _, _, offset, size = self._camera_range(piece, camera)
             if (relative, offset, size) not in self._fetches:
-                self.bytes_loaded += size
-                read = self._fetcher.submit(handle.read_at, size, offset)
-                self._fetches[relative, offset, size] = read
+                self._fetches[relative, offset, size] = self._read(
+                    piece, camera, relative, offset, size,
+                    lambda at, length, handle=handle: fetcher.submit(handle.read_at, length, at),
+                )  # fmt: skip
+
+    def _read(
+        self, piece: Piece, camera: str, relative: str, offset: int, size: int, fetch: Fetch
+    ) -> Future[bytes]:
+        """A chunk's packets of ``camera``: what the pass's unread chunks of its episode
+        need of them is kept for those."""
+        unread = self._unread[piece.episode]
+        unread.discard(piece)
+        sharers = []
+        for other in unread:
+            file, start, length = itemgetter(0, 5, 6)(self._camera_range(other, camera))
+            if file == relative and start < offset + size and start + length > offset:
+                sharers.append(((other, camera), start, start + length))
+        data, fetched = self._shared.read(
+            relative, offset, offset + size, (piece, camera), sharers, fetch
+        )
+        self.bytes_loaded += fetched
+        return data
 
     def window(self, episode_slot: int, camera: str, frames: np.ndarray, chunk: ResidentChunk):
         """``[T, H, W, 3]`` frames of one camera's window; damage raises

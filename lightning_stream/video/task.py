@@ -57,7 +57,7 @@ def batches(reader: EpisodeReader, epoch: int, positions: Iterator[tuple[int, in
     reader.clear()  # a pass stopped early leaves its chunks
     # a round of the splits: their first chunks are read at once, not one by one
     first_round = list(itertools.islice(positions, reader.spec.num_splits))
-    reader.fetch_ahead(epoch, first_round)
+    reader.begin_pass(epoch, first_round)
     positions = itertools.chain(first_round, positions)
     while chunk := list(itertools.islice(positions, size)):
         yield assemble(reader, epoch, chunk)
