@@ -15,8 +15,8 @@ once as a LanceDB table and, row for row, as a LitData dataset (``litdata.optimi
 Each configuration reads two shuffled epochs in a fresh process, batch 256, the
 configurations interleaved, ``--rounds`` rounds:
 
-- ``ours``: ``LanceDataModule`` at its defaults (32 splits, rows shuffled in clumps: 781
-  rows of the light table, 97 of the heavy one, see ``lightning_stream.lance.order``);
+- ``ours``: ``LanceDataModule`` at its defaults (32 splits, rows shuffled in clumps: 1,562
+  rows of the light table, 195 of the heavy one, see ``lightning_stream.lance.order``);
 - ``ours-rows``: the same with ``shuffle_clump_size=1`` (single rows shuffled);
 - ``litdata``: ``StreamingDataset(shuffle=True)`` (its default order: chunks shuffled,
   then items within a window of chunks) through ``StreamingDataLoader``, whose collate

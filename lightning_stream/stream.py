@@ -253,6 +253,8 @@ class ResumableStream:
             )
         check_identity(self.source.saved_identity(state.identity), self.source.identity, self.owner)
         self.source.pin(state.identity)
+        # again at the pinned version: what a default meant may depend on its rows
+        check_identity(self.source.saved_identity(state.identity), self.source.identity, self.owner)
         if len(state.consumed) != self.source.num_splits:
             raise ValueError(
                 f"the checkpoint holds {len(state.consumed)} splits but {self.owner} has"

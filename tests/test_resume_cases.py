@@ -105,6 +105,22 @@ def test_a_checkpoint_of_single_rows_by_version_0_1_asks_for_them(table_dir, che
         _fit_module(dm, old)
 
 
+def test_a_checkpoint_of_eight_default_clumps_per_split_asks_for_their_size(
+    table_dir, checkpoint, tmp_path
+):
+    # checkpoints that do not record clumps_per_split were written when the default clump
+    # left 8 clumps per split: 240 rows in 12 splits meant clumps of 2 rows (now 5)
+    saved = torch.load(checkpoint, weights_only=False)
+    for state in saved["callbacks"].values():
+        if "identity" in state:
+            assert state["identity"].pop("clumps_per_split") == 4
+    old = tmp_path / "eight-clumps-per-split.ckpt"
+    torch.save(saved, old)
+    dm = LanceDataModule(str(table_dir / "db"), "samples", num_splits=12, batch_size=3)
+    with pytest.raises(ValueError, match=r"saved with shuffle_clump_size=2, .* Pass shuffle_c"):
+        _fit_module(dm, old)
+
+
 def test_resume_with_another_clump_size_names_the_default(table_dir, checkpoint):
     dm = LanceDataModule(
         str(table_dir / "db"), "samples", num_splits=12, batch_size=3, shuffle_clump_size=1

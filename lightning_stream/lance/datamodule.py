@@ -63,7 +63,7 @@ class LanceDataModule(StreamingDataModule):
             together instead of single rows; ``1`` shuffles single rows. Default ``None``:
             clumps of ``CLUMP_ROWS`` (4,096) rows, or fewer on a table of fewer than
             ``CLUMP_ROWS * CLUMPS_PER_SPLIT * num_splits`` rows, so that every split
-            holds at least ``CLUMPS_PER_SPLIT`` (8) clumps. Clumps are what make reads
+            holds at least ``CLUMPS_PER_SPLIT`` (4) clumps. Clumps are what make reads
             fast: on an object store a row shuffle fetches whole storage pages for
             scattered rows (several times the table's bytes per epoch) where a clump is
             read in a few large range reads (about 1x); on local disk lance takes a clump

@@ -14,7 +14,7 @@ from lancedb.streaming import StreamingDataset
 
 from lightning_stream.batching import Batch
 from lightning_stream.lance.columns import BatchMaker, ColumnTypes
-from lightning_stream.lance.order import clump_rows
+from lightning_stream.lance.order import CLUMPS_PER_SPLIT, clump_rows
 from lightning_stream.lance.pace import LOCAL_PACE, REMOTE_PACE
 from lightning_stream.lance.reader import ReadCounters, TableOpener
 from lightning_stream.lance.task import ReadJob, ReadTask, cut
@@ -145,14 +145,28 @@ class LanceSource:
             "shuffle_seed": self.shuffle_seed,
             # the clump size follows from the pinned version's rows; unshuffled, none
             "shuffle_clump_size": (self.requested_clump_size or DEFAULT) if self.shuffle else None,
+            # the default clump's rule (saved_identity reads checkpoints without it)
+            **({"clumps_per_split": CLUMPS_PER_SPLIT} if self.default_clumps else {}),
             "filter": self.filter,
             "columns": self.columns,
         }
+
+    @property
+    def default_clumps(self) -> bool:
+        return self.shuffle and self.requested_clump_size is None
 
     def saved_identity(self, identity: dict[str, Any]) -> dict[str, Any]:
         # lightning-stream 0.1 recorded None for its default, single rows (CHANGELOG)
         if identity.get("shuffle") and identity.get("shuffle_clump_size", DEFAULT) is None:
             return {**identity, "shuffle_clump_size": 1}
+        if identity.get("shuffle") and identity.get("shuffle_clump_size") == DEFAULT:
+            # checkpoints that do not record the rule left 8 clumps per split: the same
+            # rows on a large table; on a smaller one the clump size it meant, written out
+            then = identity.get("clumps_per_split", 8)
+            rows = clump_rows(None, self.rows, self.num_splits, then)
+            now = clump_rows(None, self.rows, self.num_splits)
+            written = {"shuffle_clump_size": rows or 1} if rows != now else {}
+            return {**identity, "clumps_per_split": CLUMPS_PER_SPLIT, **written}
         return identity
 
     def pin(self, identity: dict[str, Any]) -> None:
