@@ -1,7 +1,7 @@
 """Packets both sides of a cut need: each read gets its exact bytes, each byte is fetched
 once while the limit allows, and nothing is held once every read is done."""
 
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -71,3 +71,24 @@ def test_a_failed_fetch_fails_the_reads_that_share_its_bytes():
     second, fetched = shared.read("file.mp4", 50, 150, "b", [], broken)
     assert isinstance(first.exception(), OSError) and isinstance(second.exception(), OSError)
     assert fetched == 50, "the held half is not fetched again"
+
+
+def test_parts_fetched_on_many_threads_join_into_each_read():
+    # a read of held and fetched parts completes once all are in, whichever thread
+    # finishes last (the video reader fetches on 8 threads)
+    with ThreadPoolExecutor(8) as pool:
+
+        def fetch(offset: int, size: int) -> Future[bytes]:
+            return pool.submit(lambda: FILE[offset : offset + size])
+
+        for _ in range(200):
+            shared = SharedRanges(limit=1 << 20)
+            sharers = [(f"later-{i}", 100 * i, 100 * i + 50) for i in range(1, 16)]
+            shared.read("file.mp4", 0, 2000, "first", sharers, fetch)
+            # 15 held parts and 16 fetched between them
+            data, fetched = shared.read("file.mp4", 0, 2048, "wide", [], fetch)
+            assert data.result(timeout=10) == FILE and fetched == 2048 - 15 * 50
+            for key, start, stop in sharers:
+                data, _ = shared.read("file.mp4", start, stop + 10, key, [], fetch)
+                assert data.result(timeout=10) == FILE[start : stop + 10]
+            assert shared.held_bytes == 0

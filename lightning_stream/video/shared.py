@@ -14,6 +14,7 @@ futures: which pieces share what is the reader's to say (:meth:`SharedRanges.rea
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -58,11 +59,13 @@ def _join(parts: Sequence[Future[bytes]]) -> Future[bytes]:
         return parts[0]
     joined: Future[bytes] = Future()
     left = [len(parts)]
+    lock = threading.Lock()  # the parts complete on the fetching threads
 
     def done(_: Future[bytes]) -> None:
-        left[0] -= 1
-        if left[0]:
-            return
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
         errors = [e for e in (p.exception() for p in parts) if e is not None]
         if errors:
             joined.set_exception(errors[0])
