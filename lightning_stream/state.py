@@ -9,7 +9,7 @@ element-wise maximum before they are saved.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -74,10 +74,16 @@ def merge(progress: Sequence[Sequence[int]]) -> list[int]:
     return [max(column) for column in zip(*progress, strict=True)]
 
 
-def check_identity(saved: Mapping[str, Any], current: Mapping[str, Any], owner: str) -> None:
-    """Raise ``ValueError`` naming the first setting whose saved value differs."""
+def check_identity(
+    saved: Mapping[str, Any],
+    current: Mapping[str, Any],
+    owner: str,
+    leave_out: Collection[str] = (),
+) -> None:
+    """Raise ``ValueError`` naming the first setting whose saved value differs (the data
+    version and ``leave_out`` aside)."""
     for key, value in current.items():
-        if key == "version":
+        if key == "version" or key in leave_out:
             continue
         if saved.get(key) != value:
             was, now = _argument(saved.get(key)), _argument(value)

@@ -24,6 +24,9 @@ class ChunkSource(Protocol):
 
     num_splits: int
     split_len: int
+    # identity settings whose meaning depends on the data version: checked once the
+    # version a checkpoint read is pinned
+    pinned_settings: tuple[str, ...]
 
     @property
     def identity(self) -> dict[str, Any]: ...
@@ -251,10 +254,10 @@ class ResumableStream:
                 " lacks the other ranks' progress and cannot resume exactly; resume from the"
                 " last checkpoint that all ranks saved"
             )
-        check_identity(self.source.saved_identity(state.identity), self.source.identity, self.owner)
-        self.source.pin(state.identity)
-        # again at the pinned version: what a default meant may depend on its rows
-        check_identity(self.source.saved_identity(state.identity), self.source.identity, self.owner)
+        source = self.source
+        check_identity(state.identity, source.identity, self.owner, source.pinned_settings)
+        source.pin(state.identity)
+        check_identity(source.saved_identity(state.identity), source.identity, self.owner)
         if len(state.consumed) != self.source.num_splits:
             raise ValueError(
                 f"the checkpoint holds {len(state.consumed)} splits but {self.owner} has"

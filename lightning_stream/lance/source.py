@@ -151,6 +151,9 @@ class LanceSource:
             "columns": self.columns,
         }
 
+    # the default clump's size follows from the pinned version's rows
+    pinned_settings = ("shuffle_clump_size", "clumps_per_split")
+
     @property
     def default_clumps(self) -> bool:
         return self.shuffle and self.requested_clump_size is None

@@ -76,11 +76,11 @@ class VideoEpisodeDataModule(StreamingDataModule):
             sets the chunk length (``budget / (num_splits x episode_pool_size)`` bytes per
             chunk, windows' margins included), so at world size 1 the rank may fill it and
             at world size N about ``1 / N`` of it. Larger chunks mix each batch less
-            locally in time and cost fewer keyframe restarts. Each reading process also
-            keeps up to a sixteenth of it in compressed packets that both sides of a cut
-            inside an episode need, so they are read once. Default 1.0. Part of the run's
-            identity (it changes the anchor order); too small to hold one window's frames
-            per chunk raises ``ValueError`` at setup.
+            locally in time and cost fewer keyframe restarts. On an object store each
+            reading process also keeps up to a sixteenth of it in compressed packets that
+            both sides of a cut inside an episode need, so they are fetched once. Default
+            1.0. Part of the run's identity (it changes the anchor order); too small to
+            hold one window's frames per chunk raises ``ValueError`` at setup.
         image_transforms: callable on each camera's window of images (a tensor of
             ``image_dtype``), run in the worker; must be picklable when ``num_workers >
             0``. Define it in a module rather than in the training script: workers import

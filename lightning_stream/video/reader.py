@@ -126,8 +126,8 @@ class EpisodeReader:
         # the camera ranges of chunks not resident yet (read ahead, or sharing packets)
         self._ranges: dict[tuple[Piece, str], tuple] = {}
         self._fetcher: ThreadPoolExecutor | None = None
-        # the packets both sides of a cut need are read once (see video/shared.py); the
-        # pass's chunks not read yet, by episode
+        # on an object store the packets both sides of a cut need are read once (see
+        # video/shared.py); the pass's chunks not read yet, by episode
         self._shared = SharedRanges.within(spec.byte_budget_gb)
         self._unread: defaultdict[int, set[Piece]] = defaultdict(set)
         self.bytes_loaded = 0
@@ -261,14 +261,14 @@ class EpisodeReader:
         return found
 
     def begin_pass(self, epoch: int, first_round: list[tuple[int, int]]) -> None:
-        """A pass over the ``(split, position)`` anchors starting with ``first_round``: its
-        splits' chunks from each one's first position there on are to be read (a split not
-        in it shares no packets), and on an object store the first round's chunks are read
-        at once."""
+        """A pass over the ``(split, position)`` anchors starting with ``first_round``. On an
+        object store its splits' chunks from each one's first position there on are noted
+        as to be read, so that they share packets (a split not in it shares none), and the
+        first round's chunks are read at once."""
         starts: dict[int, int] = {}
         for split, position in first_round:
             starts.setdefault(split, position)  # a split's positions rise
-        for split, start in starts.items():
+        for split, start in starts.items() if self.remote else ():
             order = self.split_order(epoch, split)
             for slot in np.flatnonzero(order.last >= start).tolist():
                 self._unread[order.chunks[slot].episode].add(order.chunks[slot])

@@ -43,9 +43,10 @@ def _slice(source: Future[bytes], lo: int, hi: int) -> Future[bytes]:
     part: Future[bytes] = Future()
 
     def done(finished: Future[bytes]) -> None:
-        error = finished.exception()
-        if error is not None:
-            part.set_exception(error)
+        if finished.cancelled():
+            part.cancel()
+        elif finished.exception() is not None:
+            part.set_exception(finished.exception())
         else:
             part.set_result(bytes(memoryview(finished.result())[lo:hi]))
 
@@ -66,6 +67,9 @@ def _join(parts: Sequence[Future[bytes]]) -> Future[bytes]:
             left[0] -= 1
             if left[0]:
                 return
+        if any(p.cancelled() for p in parts):
+            joined.cancel()
+            return
         errors = [e for e in (p.exception() for p in parts) if e is not None]
         if errors:
             joined.set_exception(errors[0])

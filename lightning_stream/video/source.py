@@ -48,6 +48,8 @@ def to_tensors(batch: dict[str, Any]) -> Batch:
 class VideoSource:
     """Episodes of a LeRobot v3 dataset, as ``num_splits`` equal splits of anchors."""
 
+    pinned_settings = ()  # the manifest pins the files; no setting's meaning depends on it
+
     def __init__(self, spec: VideoSpec) -> None:
         self.reader = EpisodeReader(spec)
         check_video_files(self.reader.dataset)
