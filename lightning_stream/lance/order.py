@@ -14,14 +14,15 @@ from __future__ import annotations
 # On local disk lance takes storage runs at about half the CPU of scattered rows (25,000
 # rows of 22 KB: 0.8 s against 1.7 s).
 CLUMP_ROWS = 4096
-# Clumps per split at least, so that a smaller table is still shuffled: a batch holds rows
-# at the same place in each of its splits' clumps, and with one clump per split it would
-# hold the same rows every epoch; with k, two such rows meet in about 1 epoch in k. Four,
-# not eight as before (CHANGELOG): 25k rows of 22 KB in 32 splits (clumps of 195 rows, not 97) from
-# an object store at 20 ms, 8 interleaved rounds: 44.5k against 39.5k rows/s at 2 workers
-# (1,269 GETs an epoch, not 1,536), S3/local 0.83 against 0.70; from local disk at 0
-# workers 66k against 62k rows/s (scratch runs of ``bench_lance.py --s3 --heavy``). Tables
-# of 1M rows or more in 32 splits get CLUMP_ROWS either way.
+# Clumps per split at least, so that a smaller table is still shuffled: a batch holds
+# rows at the same place in each of its splits' clumps, and with one clump per split it
+# would hold the same rows every epoch; with k, two such rows meet in about 1 epoch in
+# k. Four, not eight as before (CHANGELOG): 25k rows of 22 KB in 32 splits (clumps of
+# 195 rows, not 97) from an object store at 20 ms, 8 interleaved rounds: 44.5k against
+# 39.5k rows/s at 2 workers (1,269 GETs an epoch, not 1,536), S3/local 0.83 against
+# 0.70; from local disk at 0 workers 66k against 62k rows/s (scratch runs of
+# ``bench_lance.py --s3 --heavy``). Tables of 1M rows or more in 32 splits get
+# CLUMP_ROWS either way.
 CLUMPS_PER_SPLIT = 4
 
 

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -300,9 +299,9 @@ class EpisodeReader:
         unread = self._unread[piece.episode]
         unread.discard(piece)
         sharers = []
-        for other in unread:
-            file, start, length = itemgetter(0, 5, 6)(self._camera_range(other, camera))
-            if file == relative and start < offset + size and start + length > offset:
+        for other in unread:  # of the same episode, so in the same file
+            start, length = self._camera_range(other, camera)[5:]
+            if start < offset + size and start + length > offset:
                 sharers.append(((other, camera), start, start + length))
         data, fetched = self._shared.read(
             relative, offset, offset + size, (piece, camera), sharers, fetch
