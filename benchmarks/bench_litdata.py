@@ -1,6 +1,7 @@
 """LanceDataModule against LitData's StreamingDataset on the same rows, on local disk.
 
-    python benchmarks/bench_litdata.py [--rounds 3] [--json PATH]
+    python benchmarks/bench_litdata.py [--rounds 3] [--tables light,heavy] [--step-ms 0]
+        [--json PATH]
 
 LitData is not a dependency of the package, and its requirements pull a torch other than
 the CPU build this project pins (through torchvision, which its streaming path does not
@@ -13,7 +14,9 @@ Both tables (light: ``--rows`` rows of an id, 16 floats and a label; heavy:
 once as a LanceDB table and, row for row, as a LitData dataset (``litdata.optimize``,
 64 MB chunks; the heavy table's nulls written as -1, its ragged ``tokens`` as arrays).
 Each configuration reads two shuffled epochs in a fresh process, batch 256, the
-configurations interleaved, ``--rounds`` rounds:
+configurations interleaved, ``--rounds`` rounds. ``--step-ms`` follows every batch with a
+wait of that many ms in the consumer (a training step that leaves the cores to the reader,
+as a step on a GPU does; default 0: none):
 
 - ``ours``: ``LanceDataModule`` at its defaults (32 splits, rows shuffled in clumps: 1,562
   rows of the light table, 195 of the heavy one, see ``lightning_stream.lance.order``);
@@ -101,8 +104,11 @@ def collate(items: list[dict]) -> dict:
     return batch
 
 
-def epoch(config: str, lance_uri: str, litdata_dir: str, batch_size: int) -> dict:
-    """One epoch of ``reader:workers`` in this (fresh) process."""
+def epoch(
+    config: str, lance_uri: str, litdata_dir: str, batch_size: int, step_ms: float = 0
+) -> dict:
+    """Two epochs of ``reader:workers`` in this (fresh) process, each batch followed by a
+    wait of ``step_ms``."""
     sys.path.insert(0, str(ROOT))
     reader, workers = config.split(":")
     workers = int(workers)
@@ -124,8 +130,8 @@ def epoch(config: str, lance_uri: str, litdata_dir: str, batch_size: int) -> dic
         loader = StreamingDataLoader(
             dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate
         )
-    start, stamps, ids = one_pass(loader)
-    again_start, again, again_ids = one_pass(loader)  # the next epoch, in the warm process
+    start, stamps, ids = one_pass(loader, step_ms)
+    again_start, again, again_ids = one_pass(loader, step_ms)  # the next epoch, warm
     if reader.startswith("ours"):
         dm.teardown("fit")
     return {
@@ -139,27 +145,32 @@ def epoch(config: str, lance_uri: str, litdata_dir: str, batch_size: int) -> dic
     }
 
 
-def one_pass(loader) -> tuple[float, list[tuple[float, int]], list[int]]:
+def one_pass(loader, step_ms: float) -> tuple[float, list[tuple[float, int]], list[int]]:
     """One epoch of ``loader``: its start, each batch's (arrival, rows), the ids served."""
     start = time.perf_counter()
     stamps, ids = [], []
     for batch in loader:
         stamps.append((time.perf_counter(), len(batch["id"])))
         ids.extend(int(i) for i in batch["id"])
+        if step_ms:
+            time.sleep(step_ms / 1000)
     return start, stamps, ids
 
 
-def write_tables(tmp: Path, light_rows: int, heavy_rows: int) -> dict:
-    """Both tables in both formats under ``tmp``; returns their paths per table."""
+def write_tables(tmp: Path, tables: dict[str, int]) -> dict:
+    """The tables (``{"light" or "heavy": rows}``) in both formats under ``tmp``; returns
+    their paths per table."""
     import litdata
     from bench_lance import make_table
 
     from lightning_stream.lance.synthetic import make_heavy_table
 
-    make_table(str(tmp / "light"), light_rows)
-    make_heavy_table(str(tmp / "heavy"), heavy_rows, blob_bytes=BLOB_BYTES)
+    if "light" in tables:
+        make_table(str(tmp / "light"), tables["light"])
+    if "heavy" in tables:
+        make_heavy_table(str(tmp / "heavy"), tables["heavy"], blob_bytes=BLOB_BYTES)
     paths = {}
-    for kind, rows in (("light", light_rows), ("heavy", heavy_rows)):
+    for kind, rows in tables.items():
         out = tmp / f"litdata-{kind}"
         specs = [(kind, s, min(CHUNK_ROWS, rows - s), rows) for s in range(0, rows, CHUNK_ROWS)]
         litdata.optimize(
@@ -176,18 +187,23 @@ def main() -> None:
     parser.add_argument("--heavy-rows", type=int, default=25_000, help="heavy rows (25,000)")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tables", default="light,heavy", help="light,heavy (both)")
+    parser.add_argument(
+        "--step-ms", type=float, default=0.0, help="wait after each batch (a training step)"
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures")
     args = parser.parse_args()
     configs = [f"{reader}:{w}" for w in (0, 2) for reader in ("ours", "ours-rows", "litdata")]
     with tempfile.TemporaryDirectory() as tmp:
-        paths = write_tables(Path(tmp), args.rows, args.heavy_rows)
+        sizes = {"light": args.rows, "heavy": args.heavy_rows}
+        paths = write_tables(Path(tmp), {kind: sizes[kind] for kind in args.tables.split(",")})
         runs = {kind: [] for kind in paths}
         for round_ in range(args.rounds):
             for kind, (lance_uri, litdata_dir) in paths.items():
                 runs[kind].append({})
                 for config in configs:
                     arguments = [__file__, "--one", config, lance_uri, litdata_dir,
-                                 str(args.batch_size)]  # fmt: skip
+                                 str(args.batch_size), str(args.step_ms)]  # fmt: skip
                     label = f"round {round_} {kind} {config:<10}"
                     runs[kind][-1][config] = run_fresh(arguments, label)
     figures = summary(runs)
@@ -195,7 +211,8 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         result = {"rounds": args.rounds, "batch_size": args.batch_size, "rows": args.rows,
-                  "heavy_rows": args.heavy_rows, "runs": runs, "figures": figures}  # fmt: skip
+                  "heavy_rows": args.heavy_rows, "step_ms": args.step_ms, "runs": runs,
+                  "figures": figures}  # fmt: skip
         args.json.write_text(json.dumps(result, indent=1) + "\n")
 
 
@@ -254,7 +271,7 @@ def report(figures: dict) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--one"]:
-        config, lance_uri, litdata_dir, batch = sys.argv[2:6]
-        hand_back(epoch(config, lance_uri, litdata_dir, int(batch)))
+        config, lance_uri, litdata_dir, batch, step_ms = sys.argv[2:7]
+        hand_back(epoch(config, lance_uri, litdata_dir, int(batch), float(step_ms)))
     else:
         main()

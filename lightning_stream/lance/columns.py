@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from lightning_stream.batching import Batch, check_columnar
+from lightning_stream.batching import Batch, batch_len, check_columnar
 from lightning_stream.lance.reader import one_array
 
 TENSOR, VARLIST, STRING, BINARY, PYTHON = "tensor", "varlist", "string", "binary", "python"
@@ -164,9 +164,13 @@ class BatchMaker:
         self.transform = transform
 
     def __call__(self, rows: pa.Table) -> Batch:
-        batch = self.types.to_batch(self.types.to_wire(rows))
+        return self.transformed(self.types.to_batch(self.types.to_wire(rows)))
+
+    def transformed(self, batch: Batch) -> Batch:
+        """``batch`` after the user's ``transform`` (checked to keep its rows)."""
         if self.transform is None:
             return batch
+        rows = batch_len(batch)
         batch = self.transform(batch)
-        check_columnar(batch, rows.num_rows, "transform")
+        check_columnar(batch, rows, "transform")
         return batch

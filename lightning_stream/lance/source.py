@@ -17,10 +17,11 @@ from lightning_stream.lance.columns import BatchMaker, ColumnTypes
 from lightning_stream.lance.order import CLUMPS_PER_SPLIT, clump_rows
 from lightning_stream.lance.pace import LOCAL_PACE, REMOTE_PACE
 from lightning_stream.lance.reader import ReadCounters, TableOpener
-from lightning_stream.lance.task import ReadJob, ReadTask, cut
+from lightning_stream.lance.task import JobsMadeOnStart, ReadJob, ReadTask, cut
 from lightning_stream.plan import RankEpochPlan
 from lightning_stream.state import DEFAULT
 from lightning_stream.storage import is_remote, storage_error
+from lightning_stream.workers.inline import InlineReader
 from lightning_stream.workers.pool import WorkerDied, WorkerPool
 from lightning_stream.workers.slots import SLOTS
 
@@ -112,6 +113,7 @@ class LanceSource:
         self.storage_options = storage_options
         self.pace = REMOTE_PACE if is_remote(uri) else LOCAL_PACE
         self.pool: WorkerPool | None = None
+        self.inline: InlineReader | None = None  # num_workers=0: the reader's thread
         self._open(version)
 
     def _open(self, version: int | None) -> None:
@@ -189,16 +191,18 @@ class LanceSource:
         A split's rows beyond ``split_len`` are the epoch's surplus: lancedb's loader ends
         an epoch at the last complete round of its splits, which never reaches them.
         """
-        return _split_rows(
-            self.table,
-            num_splits=self.num_splits,
-            shuffle=self.shuffle,
-            shuffle_seed=self.shuffle_seed,
-            shuffle_clump_size=self.shuffle_clump_size if self.shuffle else None,
-            epoch=epoch,
-            filter=self.filter,
-            split_len=self.split_len,
-        )
+        return _split_rows(self.table, **self._split_options(epoch))
+
+    def _split_options(self, epoch: int) -> dict[str, Any]:
+        return {
+            "num_splits": self.num_splits,
+            "shuffle": self.shuffle,
+            "shuffle_seed": self.shuffle_seed,
+            "shuffle_clump_size": self.shuffle_clump_size if self.shuffle else None,
+            "epoch": epoch,
+            "filter": self.filter,
+            "split_len": self.split_len,
+        }
 
     def storage_rows(self) -> np.ndarray:
         """Row ids of every row ``filter`` selects, in storage order."""
@@ -236,12 +240,15 @@ class LanceSource:
         plan: RankEpochPlan,
         upcoming: tuple[int, RankEpochPlan] | None = None,
     ) -> Iterator[Batch]:
-        rows = self.split_rows(epoch)[plan.splits.start : plan.splits.stop]
         make = self.batch_maker()
         if plan.num_workers == 0:
-            splits, positions = plan.reader_order(0)
-            yield from map(make, self.read_here(rows[splits, positions], plan.sizes))
+            # the transform runs here, in batch order: its random draws and training_step's
+            # come from the same global generators
+            key, job = self._inline_job(epoch, plan)
+            after = upcoming and self._inline_job(*upcoming)
+            yield from self._inline().serve(key, job, make.transformed, after)
             return
+        rows = self.split_rows(epoch)[plan.splits.start : plan.splits.stop]
         pool = self.start_workers(plan.num_workers)
         if plan.num_workers > 1:
             splits, positions = plan.head_order()
@@ -267,6 +274,29 @@ class LanceSource:
         finally:
             self._take_worker_counters()
 
+    def _inline(self) -> InlineReader:
+        """``num_workers=0``: a thread of this process that reads and makes the batches
+        ``depth`` ahead of training_step (lance, numpy and the copies release the GIL) and
+        begins the epoch that probably follows once this one is read."""
+        if self.inline is None:
+            task = ReadTask(self.opener, self.columns, self.read_ahead_bytes, self.pace)
+            state = task.reader_of(self.table, self.read_counters, 0)
+            self.inline = InlineReader(JobsMadeOnStart(task), state)
+        return self.inline
+
+    def _inline_job(self, epoch: int, plan: RankEpochPlan) -> tuple[tuple, Callable[[], ReadJob]]:
+        """The key and job of ``epoch``'s rows under ``plan``, read as one job; its rows
+        are drawn on the reader's thread (0.1 s for 200k rows: the next epoch's are drawn
+        while this one ends)."""
+        table, opener, options = self.table, self.opener, self._split_options(epoch)
+        make = BatchMaker(self.types, None)
+
+        def job() -> ReadJob:
+            rows = _split_rows(table, **options)[plan.splits.start : plan.splits.stop]
+            return ReadJob(rows[plan.reader_order(0)], plan.sizes, opener, make)
+
+        return (self.version, epoch, plan), job
+
     def start_workers(self, workers: int) -> WorkerPool:
         """The rank's reading processes, started once and kept for every epoch.
 
@@ -283,6 +313,9 @@ class LanceSource:
         return self.pool
 
     def stop_workers(self) -> None:
+        if self.inline is not None:
+            inline, self.inline = self.inline, None
+            inline.close()
         if self.pool is not None:
             pool, self.pool = self.pool, None
             pool.close()

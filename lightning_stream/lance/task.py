@@ -96,3 +96,17 @@ class ReadTask:
 
     def counters(self, state: _Reader) -> list[int]:
         return state.counters.values[state.row].tolist()
+
+
+@dataclass(frozen=True)
+class JobsMadeOnStart:
+    """``task`` on jobs made as they start: a job is a function that returns the
+    :class:`ReadJob` (the main process's reader thread draws an epoch's rows there)."""
+
+    task: ReadTask
+
+    def run(self, state: Any, make_job: Callable[[], ReadJob]) -> Iterator[Any]:
+        yield from self.task.run(state, make_job())
+
+    def counters(self, state: Any) -> list[int]:
+        return self.task.counters(state)

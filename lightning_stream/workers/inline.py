@@ -10,11 +10,15 @@ is what ``num_workers=0`` is for: a debugger and a profiler see every frame.
 
 The thread holds only the queues it shares with the reader, never the reader itself: a
 reader that is no longer referenced (a data module dropped without ``teardown``) stops
-its thread, which then lets go of the task's state.
+its thread, which then lets go of the task's state. At interpreter exit every reader still
+running is stopped and its thread joined (after the payload it is making) before Python
+tears down: a lance read or an epoch's split drawn on a thread that outlived that point
+hung the exit or crashed it (a script that ends without ``teardown``).
 """
 
 from __future__ import annotations
 
+import atexit
 import threading
 import weakref
 from collections import deque
@@ -22,6 +26,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 END_WAIT_S = 0.05  # the end of a job follows its last payload at once
+
+_RUNNING: weakref.WeakSet[InlineReader] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_running() -> None:
+    for reader in list(_RUNNING):
+        reader.close()
 
 
 class _Line:
@@ -109,6 +121,7 @@ class InlineReader:
         self._thread.daemon = True
         self._thread.start()
         self._finalizer = weakref.finalize(self, line.close)
+        _RUNNING.add(self)
 
     @property
     def counters(self) -> list[Any]:
