@@ -105,7 +105,7 @@ class LanceDataModule(StreamingDataModule):
             with an equal share); default 256 MiB. Memory stays flat whatever the table's
             size and however slow the training step is. A worker's share goes three
             quarters to its reads and a quarter to the shared memory slots its batches
-            cross in; at 0 workers the main process's reading thread also holds up to 4
+            cross in; at 0 workers the main process's reading thread also holds up to 5
             batches it made ahead of training_step. Each reading process also always
             allows one window of reads of at least one row beyond it.
         storage_options: object-store options for ``lancedb.connect`` (and every worker's

@@ -30,7 +30,6 @@ END_WAIT_S = 0.05  # the end of a job follows its last payload at once
 _RUNNING: weakref.WeakSet[InlineReader] = weakref.WeakSet()
 
 
-@atexit.register
 def _stop_running() -> None:
     for reader in list(_RUNNING):
         reader.close()
@@ -75,7 +74,7 @@ def _run(line: _Line, job_id: int, job: Any) -> None:
             if not _put(line, job_id, "batch", payload):
                 return
         _put(line, job_id, "end", None)
-    except Exception as exc:
+    except BaseException as exc:  # a panic in Rust code (pyo3) is not an Exception
         _put(line, job_id, "error", exc)
     finally:
         payloads.close()
@@ -122,6 +121,10 @@ class InlineReader:
         self._thread.start()
         self._finalizer = weakref.finalize(self, line.close)
         _RUNNING.add(self)
+        # atexit calls the latest registered first: before the exit hooks of libraries
+        # imported by now (lancedb shuts its runtime down in one)
+        atexit.unregister(_stop_running)
+        atexit.register(_stop_running)
 
     @property
     def counters(self) -> list[Any]:
@@ -153,6 +156,10 @@ class InlineReader:
                     if line.out:
                         line.out.popleft()  # a dropped job's
                         line.condition.notify_all()
+                    elif line.closed:
+                        raise RuntimeError(
+                            "the reader was stopped (teardown) while an epoch was served"
+                        )
                     else:
                         line.condition.wait()
                 _, kind, payload = line.out.popleft()
