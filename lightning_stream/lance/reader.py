@@ -15,6 +15,7 @@ fits. The row size is learnt from a first small read.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -50,9 +51,13 @@ class ReadCounters:
 
     def __init__(self, readers: int) -> None:
         self.values = np.zeros((readers, len(self.FIELDS)), dtype=np.int64)
+        # at 0 workers the reading thread and an evaluation read in the main thread both
+        # count as reader 0: an unlocked ``+=`` could lose one's update
+        self._lock = threading.Lock()
 
     def add(self, reader: int, field: str, amount: int) -> None:
-        self.values[reader, self.FIELDS.index(field)] += amount
+        with self._lock:
+            self.values[reader, self.FIELDS.index(field)] += amount
 
     def totals(self) -> dict[str, float]:
         return dict(zip(self.FIELDS, map(float, self.values.sum(axis=0)), strict=True))
