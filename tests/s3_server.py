@@ -284,14 +284,40 @@ def _range_reply(path: str, header: str) -> tuple[dict[str, str], bytes | _FileR
         with key.lock:
             buffer.seek(start)
             body = buffer.read(end - start + 1)
-    headers = {
-        "Content-Type": "binary/octet-stream",
-        "Content-Range": f"bytes {start}-{end}/{key.size}",
-        "Accept-Ranges": "bytes",
-        "ETag": key.etag,
-        "Last-Modified": key.last_modified_RFC1123,
-    }
-    return headers, body
+    return {**_object_headers(key), "Content-Range": f"bytes {start}-{end}/{key.size}"}, body
+
+
+# moto's stored objects -> their reply headers (an object written again is a new key)
+_HEADERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _object_headers(key: Any) -> dict[str, str]:
+    """A stored object's own reply headers, made once: moto formats its date anew on every
+    call, 5% of the server's CPU on an epoch of range reads."""
+    if key not in _HEADERS:
+        _HEADERS[key] = {
+            "Content-Type": "binary/octet-stream",
+            "Accept-Ranges": "bytes",
+            "ETag": key.etag,
+            "Last-Modified": key.last_modified_RFC1123,
+        }
+    return _HEADERS[key]
+
+
+async def _send_file_range(transport: asyncio.Transport, body: _FileRange) -> None:
+    """``body`` sent with ``os.sendfile`` straight to the socket while it takes the bytes,
+    the rest (a full socket buffer) with asyncio's ``loop.sendfile``: asyncio's wrapper
+    pauses reading, registers the socket for writing and waits once per call, which
+    was a third of the server's CPU on an epoch of range reads of 0.1-2 MB."""
+    offset, left = body.start, body.size
+    if transport.get_write_buffer_size() == 0:  # the headers are out: nothing goes before
+        socket_fd = transport.get_extra_info("socket").fileno()
+        with contextlib.suppress(BlockingIOError):
+            while left:
+                sent = os.sendfile(socket_fd, body.file.fileno(), offset, left)
+                offset, left = offset + sent, left - sent
+    if left:
+        await asyncio.get_running_loop().sendfile(transport, body.file, offset, left)
 
 
 # moto's object buffers -> the server's own file objects on them (gone with the buffer)
@@ -387,9 +413,7 @@ def _serve(port: int, latency_ms: float, bandwidth_mb_s: float | None, fast_rang
                 body = body.read() if isinstance(body, _FileRange) else body
                 await _send_paced(response, body, bandwidth_mb_s * 1e6)
             elif isinstance(body, _FileRange):
-                await asyncio.get_running_loop().sendfile(
-                    request.transport, body.file, body.start, body.size
-                )
+                await _send_file_range(request.transport, body)
             else:
                 await response.write(body)
             await response.write_eof()

@@ -91,6 +91,27 @@ def test_an_epoch_stopped_early_leaves_the_next_one_whole(heavy_uri, budget):
     dm.teardown("fit")
 
 
+def test_workers_begin_the_next_epoch_before_it_is_asked_for(heavy_uri):
+    table = reference()
+    dm = module(heavy_uri)
+    dm.setup("fit")
+    first = list(dm.train_dataloader())
+    # every batch of this epoch and the workers' end of it were taken: what waits now in
+    # a worker's pipe is a batch of the next epoch
+    results = dm.stream.source.pool.results
+    deadline = time.monotonic() + 60
+    while not all(pipe.poll(0) for pipe in results) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert all(pipe.poll(0) for pipe in results), "the workers read the next epoch ahead"
+    second = list(dm.train_dataloader())
+    dm.teardown("fit")
+    ids = torch.cat([batch["id"] for batch in second])
+    assert sorted(ids.tolist()) == list(range(HEAVY_ROWS))
+    for batch in second:
+        assert_rows_match(batch, table)
+    assert [b["id"].tolist() for b in first] != [b["id"].tolist() for b in second]
+
+
 def test_workers_stop_with_their_data_module(heavy_uri):
     dm = module(heavy_uri)
     dm.setup("fit")

@@ -10,14 +10,14 @@ from typing import Any
 import lancedb
 import numpy as np
 import pyarrow as pa
-from lancedb.streaming import StreamingDataset
 
 from lightning_stream.batching import Batch
 from lightning_stream.lance.columns import BatchMaker, ColumnTypes
 from lightning_stream.lance.order import CLUMPS_PER_SPLIT, clump_rows
 from lightning_stream.lance.pace import LOCAL_PACE, REMOTE_PACE
 from lightning_stream.lance.reader import ReadCounters, TableOpener
-from lightning_stream.lance.task import JobsMadeOnStart, ReadJob, ReadTask, cut
+from lightning_stream.lance.splits import ReaderRows, split_rows
+from lightning_stream.lance.task import ReadJob, ReadTask, cut
 from lightning_stream.plan import RankEpochPlan
 from lightning_stream.state import DEFAULT
 from lightning_stream.storage import is_remote, storage_error
@@ -186,12 +186,9 @@ class LanceSource:
             self._open(saved)
 
     def split_rows(self, epoch: int) -> np.ndarray:
-        """Row ids of every split of ``epoch``, ``[num_splits, split_len]``, in split order.
-
-        A split's rows beyond ``split_len`` are the epoch's surplus: lancedb's loader ends
-        an epoch at the last complete round of its splits, which never reaches them.
-        """
-        return _split_rows(self.table, **self._split_options(epoch))
+        """Row ids of every split of ``epoch``, ``[num_splits, split_len]``, in split order
+        (:func:`~lightning_stream.lance.splits.split_rows`)."""
+        return split_rows(self.table, **self._split_options(epoch))
 
     def _split_options(self, epoch: int) -> dict[str, Any]:
         return {
@@ -206,7 +203,7 @@ class LanceSource:
 
     def storage_rows(self) -> np.ndarray:
         """Row ids of every row ``filter`` selects, in storage order."""
-        return _split_rows(
+        return split_rows(
             self.table,
             num_splits=1,
             shuffle=False,
@@ -244,26 +241,23 @@ class LanceSource:
         if plan.num_workers == 0:
             # the transform runs here, in batch order: its random draws and training_step's
             # come from the same global generators
-            key, job = self._inline_job(epoch, plan)
-            after = upcoming and self._inline_job(*upcoming)
+            (key, [job]), after = self._jobs(epoch, plan), None
+            if upcoming:
+                next_key, [next_job] = self._jobs(*upcoming)
+                after = (next_key, next_job)
             yield from self._inline().serve(key, job, make.transformed, after)
             return
-        rows = self.split_rows(epoch)[plan.splits.start : plan.splits.stop]
         pool = self.start_workers(plan.num_workers)
-        if plan.num_workers > 1:
+        if plan.num_workers > 1 and plan.head:
+            rows = self.split_rows(epoch)[plan.splits.start : plan.splits.stop]
             splits, positions = plan.head_order()
             for table in self.read_here(rows[splits, positions], cut(len(splits), plan.batch_size)):
                 pool.ready()  # a worker that failed to start says so now
                 yield make(table)
-        # without a transform the main process makes every batch from the Arrow rows
-        sent_make = make if self.transform is not None else None
-        jobs = []
-        for worker in range(plan.num_workers):
-            served = rows[plan.reader_order(worker)]
-            jobs.append(ReadJob(served, cut(len(served), plan.batch_size), self.opener, sent_make))
-        key = (self.version, epoch, plan)
+        key, jobs = self._jobs(epoch, plan)
+        after = upcoming and self._jobs(*upcoming)
         try:
-            yield from pool.serve(key, jobs, lambda sent: _made(sent, make))
+            yield from pool.serve(key, jobs, lambda sent: _made(sent, make), after)
         except WorkerDied as exc:
             self.stop_workers()
             raise RuntimeError(
@@ -274,6 +268,24 @@ class LanceSource:
         finally:
             self._take_worker_counters()
 
+    def _jobs(self, epoch: int, plan: RankEpochPlan) -> tuple[tuple, list[ReadJob]]:
+        """The key of ``epoch`` under ``plan`` and each reader's job (one at 0 workers).
+
+        A job's rows are drawn where they are read (:class:`ReaderRows`): the next
+        epoch's while this one is trained on.
+        """
+        key, options = (self.version, epoch, plan), self._split_options(epoch)
+        if plan.num_workers == 0:  # batches made on the reading thread, transformed here
+            rows = ReaderRows(options, plan, 0)
+            return key, [ReadJob(rows, plan.sizes, self.opener, BatchMaker(self.types, None))]
+        # without a transform the main process makes every batch from the Arrow rows
+        sent_make = self.batch_maker() if self.transform is not None else None
+        jobs = []
+        for worker in range(plan.num_workers):
+            rows = ReaderRows(options, plan, worker)
+            jobs.append(ReadJob(rows, cut(rows.count(), plan.batch_size), self.opener, sent_make))
+        return key, jobs
+
     def _inline(self) -> InlineReader:
         """``num_workers=0``: a thread of this process that reads and makes the batches
         ``depth`` ahead of training_step (lance, numpy and the copies release the GIL) and
@@ -281,21 +293,8 @@ class LanceSource:
         if self.inline is None:
             task = ReadTask(self.opener, self.columns, self.read_ahead_bytes, self.pace)
             state = task.reader_of(self.table, self.read_counters, 0)
-            self.inline = InlineReader(JobsMadeOnStart(task), state)
+            self.inline = InlineReader(task, state)
         return self.inline
-
-    def _inline_job(self, epoch: int, plan: RankEpochPlan) -> tuple[tuple, Callable[[], ReadJob]]:
-        """The key and job of ``epoch``'s rows under ``plan``, read as one job; its rows
-        are drawn on the reader's thread (0.1 s for 200k rows: the next epoch's are drawn
-        while this one ends)."""
-        table, opener, options = self.table, self.opener, self._split_options(epoch)
-        make = BatchMaker(self.types, None)
-
-        def job() -> ReadJob:
-            rows = _split_rows(table, **options)[plan.splits.start : plan.splits.stop]
-            return ReadJob(rows[plan.reader_order(0)], plan.sizes, opener, make)
-
-        return (self.version, epoch, plan), job
 
     def start_workers(self, workers: int) -> WorkerPool:
         """The rank's reading processes, started once and kept for every epoch.
@@ -325,18 +324,6 @@ def _made(sent: Any, make: BatchMaker) -> Batch:
     """A worker's payload as a batch: its Arrow rows converted here, or the batch its
     ``transform`` made."""
     return make(sent) if isinstance(sent, pa.Table) else sent
-
-
-def _split_rows(table: Any, *, split_len: int, **options: Any) -> np.ndarray:
-    # Only this dataset's permutation table is used: lancedb's own split assignment,
-    # built once in its constructor.
-    splits = StreamingDataset(table, rank=0, world_size=1, **options)._perm_table.to_arrow()
-    split_ids = splits.column("split_id").to_numpy()
-    row_ids = splits.column("row_id").to_numpy().astype(np.int64)
-    order = np.argsort(split_ids, kind="stable")
-    split_ids, row_ids = split_ids[order], row_ids[order]
-    starts = np.searchsorted(split_ids, np.arange(options["num_splits"]))
-    return np.stack([row_ids[start : start + split_len] for start in starts])
 
 
 def count_rows(table: Any, filter: str | None, uri: str, name: str) -> int:

@@ -2,14 +2,15 @@
 
 A :class:`ReadTask` is the :class:`~lightning_stream.workers.pool.WorkerPool` task of
 :class:`~lightning_stream.lance.source.LanceSource`: each worker opens the table once and
-then reads, per epoch, the rows of its block of splits, in the plan's order, with a
+then reads, per epoch, the rows of its block of splits, in the plan's order (drawn there,
+:mod:`~lightning_stream.lance.splits`), with a
 :class:`~lightning_stream.lance.reader.BudgetedReader`. Its payloads are the batches'
 Arrow rows, which the main process turns into tensors (the same conversion as without
 workers); with a ``transform`` the worker makes the batch and runs it.
 
-This module, :mod:`~lightning_stream.lance.reader` and :mod:`~lightning_stream.lance.pace`
-are what a worker imports (with lancedb, pyarrow and numpy; torch only to run a
-``transform``).
+This module, :mod:`~lightning_stream.lance.reader`, :mod:`~lightning_stream.lance.pace`
+and :mod:`~lightning_stream.lance.splits` are what a worker imports (with lancedb,
+pyarrow and numpy; torch only to run a ``transform``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from lightning_stream.lance.reader import (
     TableOpener,
     take_rows,
 )
+from lightning_stream.lance.splits import ReaderRows
 
 
 def cut(rows: int, batch_size: int) -> list[int]:
@@ -41,11 +43,13 @@ def cut(rows: int, batch_size: int) -> list[int]:
 class ReadJob:
     """One reader's rows of one epoch, in serving order, and the sizes to cut them into.
 
-    ``opener`` names the table version (a resume pins the one its checkpoint read);
-    ``make``, when set, turns the rows into the batch in the reader (a ``transform``).
+    ``rows``: the row ids, or a :class:`~lightning_stream.lance.splits.ReaderRows` that
+    draws them in the reader when the job starts. ``opener`` names the table version (a
+    resume pins the one its checkpoint read); ``make``, when set, turns the rows into the
+    batch in the reader (a ``transform``).
     """
 
-    rows: np.ndarray
+    rows: np.ndarray | ReaderRows
     sizes: list[int]
     opener: TableOpener
     make: Callable[[pa.Table], Any] | None = None
@@ -79,9 +83,10 @@ class ReadTask:
     def run(self, state: _Reader, job: ReadJob) -> Iterator[Any]:
         if job.opener != state.opener:  # a resume pins another version
             state.opener, state.table = job.opener, job.opener()
+        rows = job.rows if isinstance(job.rows, np.ndarray) else job.rows(state.table)
         reader = BudgetedReader(
             take_rows(state.table, self.columns),
-            job.rows,
+            rows,
             self.budget,
             state.counters,
             state.row,
@@ -96,17 +101,3 @@ class ReadTask:
 
     def counters(self, state: _Reader) -> list[int]:
         return state.counters.values[state.row].tolist()
-
-
-@dataclass(frozen=True)
-class JobsMadeOnStart:
-    """``task`` on jobs made as they start: a job is a function that returns the
-    :class:`ReadJob` (the main process's reader thread draws an epoch's rows there)."""
-
-    task: ReadTask
-
-    def run(self, state: Any, make_job: Callable[[], ReadJob]) -> Iterator[Any]:
-        yield from self.task.run(state, make_job())
-
-    def counters(self, state: Any) -> list[int]:
-        return self.task.counters(state)
