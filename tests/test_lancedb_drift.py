@@ -8,12 +8,10 @@ these tests fail and name the release.
 
 import lancedb
 import numpy as np
-import pyarrow.compute as pc
 import pytest
 from lancedb.streaming import StreamingDataLoader, StreamingDataset
 
 from lightning_stream import LanceDataModule
-from lightning_stream.lance.splits import split_rows
 from lightning_stream.plan import RankEpochPlan
 
 NUM_SPLITS = 12
@@ -101,28 +99,3 @@ def test_lancedb_order_matches_the_plan(table_dir, rank, world_size, num_workers
         " no longer read the rows lancedb's splits define in lancedb's order. Pin lancedb to"
         " the tested range in pyproject.toml (>=0.40,<0.41) or update plan.py"
     )
-
-
-@pytest.mark.parametrize(
-    "options",
-    [
-        {"shuffle": True, "shuffle_seed": 3, "shuffle_clump_size": None, "epoch": 2},
-        {"shuffle": True, "shuffle_seed": 0, "shuffle_clump_size": 7, "epoch": 5},
-        {"shuffle": True, "shuffle_seed": 1, "shuffle_clump_size": 4, "filter": "id % 3 = 0"},
-        {"shuffle": False, "epoch": 1},
-    ],
-)
-def test_split_rows_are_the_splits_of_lancedb_s_dataset(table_dir, options):
-    # split_rows calls lancedb's permutation builder as StreamingDataset does (without
-    # StreamingDataset, which imports torch into the reading workers)
-    table = lancedb.connect(str(table_dir / "db")).open_table("samples")
-    dataset = StreamingDataset(table, num_splits=NUM_SPLITS, rank=0, world_size=1, **options)
-    perm = dataset._perm_table.to_arrow()
-    split_len = table.count_rows(options.get("filter")) // NUM_SPLITS
-    rows = split_rows(table, num_splits=NUM_SPLITS, split_len=split_len, **options)
-    for split in range(NUM_SPLITS):
-        theirs = perm.filter(pc.equal(perm["split_id"], split))["row_id"].to_numpy()
-        assert rows[split].tolist() == theirs[:split_len].tolist(), (
-            f"lancedb {lancedb.__version__} draws its splits otherwise than"
-            " lightning_stream.lance.splits.split_rows (its seed or builder calls changed)"
-        )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import lancedb
@@ -16,7 +17,7 @@ from lightning_stream.lance.columns import BatchMaker, ColumnTypes
 from lightning_stream.lance.order import CLUMPS_PER_SPLIT, clump_rows
 from lightning_stream.lance.pace import LOCAL_PACE, REMOTE_PACE
 from lightning_stream.lance.reader import ReadCounters, TableOpener
-from lightning_stream.lance.splits import ReaderRows, split_rows
+from lightning_stream.lance.splits import ReaderRows, count_rows, split_rows
 from lightning_stream.lance.task import ReadJob, ReadTask, cut
 from lightning_stream.plan import RankEpochPlan
 from lightning_stream.state import DEFAULT
@@ -114,6 +115,8 @@ class LanceSource:
         self.pace = REMOTE_PACE if is_remote(uri) else LOCAL_PACE
         self.pool: WorkerPool | None = None
         self.inline: InlineReader | None = None  # num_workers=0: the reader's thread
+        self._drawing: ThreadPoolExecutor | None = None  # with workers: draws split rows
+        self._drawn: tuple[tuple[int, int], Future] | None = None
         self._open(version)
 
     def _open(self, version: int | None) -> None:
@@ -241,23 +244,27 @@ class LanceSource:
         if plan.num_workers == 0:
             # the transform runs here, in batch order: its random draws and training_step's
             # come from the same global generators
-            (key, [job]), after = self._jobs(epoch, plan), None
-            if upcoming:
-                next_key, [next_job] = self._jobs(*upcoming)
-                after = (next_key, next_job)
+            after = upcoming and self._inline_job(*upcoming)
+            key, job = self._inline_job(epoch, plan)
             yield from self._inline().serve(key, job, make.transformed, after)
             return
         pool = self.start_workers(plan.num_workers)
-        if plan.num_workers > 1 and plan.head:
-            rows = self.split_rows(epoch)[plan.splits.start : plan.splits.stop]
+        epoch_rows = self._drawn_rows(epoch).result()
+        following = upcoming and self._drawn_rows(upcoming[0])
+        if plan.num_workers > 1:
+            rows = epoch_rows[plan.splits.start : plan.splits.stop]
             splits, positions = plan.head_order()
             for table in self.read_here(rows[splits, positions], cut(len(splits), plan.batch_size)):
                 pool.ready()  # a worker that failed to start says so now
                 yield make(table)
-        key, jobs = self._jobs(epoch, plan)
-        after = upcoming and self._jobs(*upcoming)
         try:
-            yield from pool.serve(key, jobs, lambda sent: _made(sent, make), after)
+            jobs = self._worker_jobs(epoch, plan, epoch_rows)
+            for batch in pool.serve(*jobs, lambda sent: _made(sent, make)):
+                yield batch
+                if following and following.done():
+                    if following.exception() is None:  # begun once this one is read
+                        pool.queue(*self._worker_jobs(*upcoming, following.result()))
+                    following = None
         except WorkerDied as exc:
             self.stop_workers()
             raise RuntimeError(
@@ -268,23 +275,36 @@ class LanceSource:
         finally:
             self._take_worker_counters()
 
-    def _jobs(self, epoch: int, plan: RankEpochPlan) -> tuple[tuple, list[ReadJob]]:
-        """The key of ``epoch`` under ``plan`` and each reader's job (one at 0 workers).
+    def _drawn_rows(self, epoch: int) -> Future:
+        """:meth:`split_rows` of ``epoch``, drawn on a thread of this process, once: the
+        next epoch's are drawn while this one is served (0.1 s for 200k rows)."""
+        key = (self.version, epoch)
+        if self._drawn is None or self._drawn[0] != key:
+            if self._drawing is None:
+                self._drawing = ThreadPoolExecutor(1, thread_name_prefix="lance-draw")
+            self._drawn = (key, self._drawing.submit(self.split_rows, epoch))
+        return self._drawn[1]
 
-        A job's rows are drawn where they are read (:class:`ReaderRows`): the next
-        epoch's while this one is trained on.
-        """
-        key, options = (self.version, epoch, plan), self._split_options(epoch)
-        if plan.num_workers == 0:  # batches made on the reading thread, transformed here
-            rows = ReaderRows(options, plan, 0)
-            return key, [ReadJob(rows, plan.sizes, self.opener, BatchMaker(self.types, None))]
+    def _worker_jobs(
+        self, epoch: int, plan: RankEpochPlan, split_rows: np.ndarray
+    ) -> tuple[tuple, list[ReadJob]]:
+        """The key of ``epoch`` under ``plan`` and each worker's job, from its split rows."""
+        rows = split_rows[plan.splits.start : plan.splits.stop]
         # without a transform the main process makes every batch from the Arrow rows
-        sent_make = self.batch_maker() if self.transform is not None else None
+        make = self.batch_maker() if self.transform is not None else None
         jobs = []
         for worker in range(plan.num_workers):
-            rows = ReaderRows(options, plan, worker)
-            jobs.append(ReadJob(rows, cut(rows.count(), plan.batch_size), self.opener, sent_make))
-        return key, jobs
+            served = rows[plan.reader_order(worker)]
+            jobs.append(ReadJob(served, cut(len(served), plan.batch_size), self.opener, make))
+        return (self.version, epoch, plan), jobs
+
+    def _inline_job(self, epoch: int, plan: RankEpochPlan) -> tuple[tuple, ReadJob]:
+        """The key and job of ``epoch`` under ``plan`` at 0 workers: its rows drawn on the
+        reading thread (the next epoch's while this one ends), its batches made there
+        without the transform."""
+        rows = ReaderRows(self._split_options(epoch), plan, 0)
+        job = ReadJob(rows, plan.sizes, self.opener, BatchMaker(self.types, None))
+        return (self.version, epoch, plan), job
 
     def _inline(self) -> InlineReader:
         """``num_workers=0``: a thread of this process that reads and makes the batches
@@ -318,20 +338,12 @@ class LanceSource:
         if self.pool is not None:
             pool, self.pool = self.pool, None
             pool.close()
+        if self._drawing is not None:  # a draw under way ends on its own
+            self._drawing.shutdown(wait=False, cancel_futures=True)
+            self._drawing = self._drawn = None
 
 
 def _made(sent: Any, make: BatchMaker) -> Batch:
     """A worker's payload as a batch: its Arrow rows converted here, or the batch its
     ``transform`` made."""
     return make(sent) if isinstance(sent, pa.Table) else sent
-
-
-def count_rows(table: Any, filter: str | None, uri: str, name: str) -> int:
-    """Rows of ``table`` that ``filter`` selects, with an error that names the filter."""
-    try:
-        return table.count_rows(filter)
-    except Exception as exc:
-        raise ValueError(
-            f"filter={filter!r} cannot be applied to table {name!r} in {uri!r}: {exc}."
-            ' Pass a SQL predicate over the table\'s columns, e.g. "label = 3"'
-        ) from exc

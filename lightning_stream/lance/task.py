@@ -2,22 +2,21 @@
 
 A :class:`ReadTask` is the :class:`~lightning_stream.workers.pool.WorkerPool` task of
 :class:`~lightning_stream.lance.source.LanceSource`: each worker opens the table once and
-then reads, per epoch, the rows of its block of splits, in the plan's order (drawn there,
-:mod:`~lightning_stream.lance.splits`), with a
+then reads, per epoch, the rows of its block of splits, in the plan's order, with a
 :class:`~lightning_stream.lance.reader.BudgetedReader`. Its payloads are the batches'
 Arrow rows, which the main process turns into tensors (the same conversion as without
 workers); with a ``transform`` the worker makes the batch and runs it.
 
-This module, :mod:`~lightning_stream.lance.reader`, :mod:`~lightning_stream.lance.pace`
-and :mod:`~lightning_stream.lance.splits` are what a worker imports (with lancedb,
-pyarrow and numpy; torch only to run a ``transform``).
+This module, :mod:`~lightning_stream.lance.reader` and :mod:`~lightning_stream.lance.pace`
+are what a worker imports (with lancedb, pyarrow and numpy; torch only to run a
+``transform``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -30,7 +29,9 @@ from lightning_stream.lance.reader import (
     TableOpener,
     take_rows,
 )
-from lightning_stream.lance.splits import ReaderRows
+
+if TYPE_CHECKING:  # drawn in the main process only (lancedb.streaming imports torch)
+    from lightning_stream.lance.splits import ReaderRows
 
 
 def cut(rows: int, batch_size: int) -> list[int]:
@@ -43,10 +44,11 @@ def cut(rows: int, batch_size: int) -> list[int]:
 class ReadJob:
     """One reader's rows of one epoch, in serving order, and the sizes to cut them into.
 
-    ``rows``: the row ids, or a :class:`~lightning_stream.lance.splits.ReaderRows` that
-    draws them in the reader when the job starts. ``opener`` names the table version (a
-    resume pins the one its checkpoint read); ``make``, when set, turns the rows into the
-    batch in the reader (a ``transform``).
+    ``rows``: the row ids, or (on the main process's reading thread) a
+    :class:`~lightning_stream.lance.splits.ReaderRows` that draws them when the job
+    starts. ``opener`` names the table version (a resume pins the one its checkpoint
+    read); ``make``, when set, turns the rows into the batch in the reader (a
+    ``transform``).
     """
 
     rows: np.ndarray | ReaderRows

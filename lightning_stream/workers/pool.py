@@ -210,7 +210,7 @@ class WorkerPool:
             job_id = self._send("run", jobs)
         self._queued = None
         if after is not None:
-            self._queued = (after[0], self._send("queue", after[1]))
+            self.queue(*after)
         self._current, self._ended = job_id, [False] * self.workers
         ended = self._ended
         while not all(ended):
@@ -234,6 +234,11 @@ class WorkerPool:
                     self._tell(worker, ("free", slot))
                 del message
                 yield result
+
+    def queue(self, key: Any, jobs: Sequence[Any]) -> None:
+        """Queue ``jobs`` (named ``key``) behind the job being served, as :meth:`serve`'s
+        ``after`` does; from the thread that serves, between two of its payloads."""
+        self._queued = (key, self._send("queue", jobs))
 
     def _current_finished(self) -> bool:
         """Whether every batch of the current job was served: only its end messages are
