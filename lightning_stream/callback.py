@@ -86,6 +86,9 @@ class StreamStateCallback(Callback):
             return
         self._stream.tracking = True
         self._stream.lightning_epoch = lambda: trainer.current_epoch
+        # no epoch after the last is begun ahead (its reads would be paid for, unused)
+        epochs = trainer.max_epochs or -1  # -1: no limit
+        self._stream.last_epoch = epochs - 1 if epochs > 0 else None
         if trainer.overfit_batches:
             self._stream.fixed_order_epoch = 0
             rank_zero_warn(

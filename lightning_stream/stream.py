@@ -82,6 +82,8 @@ class ResumableStream:
             ``fit()`` on the same trainer continues with the next epoch's shuffle).
         fixed_order_epoch: serve every epoch in this epoch's order (``overfit_batches``:
             the same batches every epoch); ``None`` (default) shuffles anew each epoch.
+        last_epoch: the run's last epoch (``max_epochs - 1``, set by the callback): the
+            source is not asked to begin an epoch after it. ``None``: no last epoch.
     """
 
     def __init__(
@@ -105,6 +107,7 @@ class ResumableStream:
         self.last_wait = 0.0
         self.lightning_epoch: Callable[[], int] | None = None
         self.fixed_order_epoch: int | None = None
+        self.last_epoch: int | None = None
         self.state = StreamState(
             identity=source.identity,
             consumed=[0] * source.num_splits,
@@ -191,6 +194,8 @@ class ResumableStream:
             self.state.epoch + 1 if self.fixed_order_epoch is None else order,
             self._plan([0] * self.source.num_splits),
         )
+        if self.last_epoch is not None and self.state.epoch >= self.last_epoch:
+            upcoming = None
         chunks = self.source.chunks(order, list(self.state.consumed), run.plan, upcoming)
         carried = 0
         for planned in rechunk(chunks, run.plan.sizes):

@@ -106,6 +106,22 @@ def test_a_second_fit_on_the_same_trainer_is_the_next_epoch(table_dir, tmp_path)
     assert second == expected, "the second fit serves what a 2-epoch run serves as epoch 1"
 
 
+def test_no_epoch_is_begun_after_max_epochs(table_dir, tmp_path):
+    # the reading thread begins the epoch that follows once one is read, except after the
+    # run's last: those reads (requests, egress) would never be used
+    dm, model = module(table_dir), LedgerModel(str(tmp_path / "ledger"))
+    rows_read = []
+
+    class RowsRead(pl.Callback):
+        def on_train_end(self, trainer, pl_module):
+            time.sleep(0.5)  # an epoch begun would be read by now: 240 rows of 16 floats
+            rows_read.append(dm.stream.source.counters()["rows_read"])
+
+    trainer(max_epochs=2, callbacks=[StreamStateCallback(), RowsRead()]).fit(model, datamodule=dm)
+    assert_exact(ledger.read(tmp_path / "ledger"), epochs=2)
+    assert rows_read == [2 * ROWS]
+
+
 def test_max_steps_stop_then_resume_with_max_epochs_trains_whole_epochs(table_dir, tmp_path):
     first_dir, second_dir = tmp_path / "first", tmp_path / "second"
     stopped = trainer(max_steps=17)
