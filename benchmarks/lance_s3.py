@@ -22,7 +22,10 @@ Reported per shuffle setting and worker count, over the rounds (median and range
   process's heaps grown: its first epoch touches every page of memory its reads will use
   afresh). Every other figure is the first epoch's;
 - bytes/table: the response bodies of every GET the server sent from after ``setup``
-  to the epoch's end (counted on the server side) over the table's bytes;
+  to the epoch's end (counted on the server side) over the table's bytes; next: the
+  same from the first epoch's end to the second's. A reader that begins the next epoch
+  before this one ends (``--step-ms``: while the last batches are trained on) counts
+  those reads in the epoch they overlap: the next epoch's figure is the steady one;
 - GETs of object bytes in the epoch, their median size, and the reads in flight on the
   server on average (the GETs' summed durations, latency included, over the epoch);
 - store CPU: the S3 server's CPU seconds during the S3 epoch over the same round's local
@@ -148,6 +151,8 @@ def epoch(config: str, uri: str, endpoint: str, batch_size: int, step_ms: float 
             result["in_flight"] = sum(g[1] for g in gets) / elapsed
         start, stamps, _ = _epoch(dm, step_ms, lambda: None)
         result["next_epoch"] = rates(start, stamps)
+        if options:
+            result["next_epoch"]["bytes"] = bytes_served(endpoint) - result["bytes"]
     result["peak_rss_mb"] = rss.peak
     result["peak_above_first_mb"] = rss.peak - first["rss"]
     dm.teardown("fit")
@@ -248,6 +253,9 @@ def summary(runs: list[dict], table_bytes: int) -> dict:
                         [b["rows_per_s"] / a["rows_per_s"] for a, b in zip(local, s3, strict=True)]
                     ),
                     "bytes_over_table": spread([r["bytes"] / table_bytes for r in s3]),
+                    "next_epoch_bytes_over_table": spread(
+                        [r["next_epoch"]["bytes"] / table_bytes for r in s3]
+                    ),
                     "store_cpu_over_local_epoch": statistics.median(
                         b.get("store_cpu_s", math.nan) / (a["rows"] / a["rows_per_s"])
                         for a, b in zip(local, s3, strict=True)
@@ -281,7 +289,8 @@ def _cores_busy(run: dict) -> float:
 def report(figures: dict) -> None:
     print(f"\n{'configuration':<46} {'local rows/s':>12} {'S3 rows/s':>10}"
           f" {'S3/local (range)':>18} {'whole epoch':>18} {'next epoch':>18}"
-          f" {'bytes/table':>11} {'blocks/64':>9} {'GETs':>7} {'GET KB':>7} {'in flight':>9}"
+          f" {'bytes/table':>11} {'next':>5} {'blocks/64':>9} {'GETs':>7} {'GET KB':>7}"
+          f" {'in flight':>9}"
           f" {'RSS+ MB':>7} {'store CPU':>9} {'host CPU':>8} {'reader CPU':>10}"
           f" {'cores local/S3':>14}")  # fmt: skip
     for name, f in figures.items():
@@ -289,7 +298,8 @@ def report(figures: dict) -> None:
         following = shown(f["s3_over_local_next_epoch"])
         print(f"{name:<46} {f['local_rows_per_s']['median']:>12.0f}"
               f" {f['s3_rows_per_s']['median']:>10.0f} {ratio:>18} {whole:>18} {following:>18}"
-              f" {f['bytes_over_table']['median']:>11.2f} {f['blocks_per_64']:>9.1f}"
+              f" {f['bytes_over_table']['median']:>11.2f}"
+              f" {f['next_epoch_bytes_over_table']['median']:>5.2f} {f['blocks_per_64']:>9.1f}"
               f" {f['gets']:>7.0f} {f['median_get_kb']:>7.1f} {f['in_flight']:>9.1f}"
               f" {f['s3_peak_above_first_mb']:>7.0f}"
               f" {f['store_cpu_over_local_epoch']:>9.2f} {f['host_cpu_s3_over_local']:>8.2f}"
