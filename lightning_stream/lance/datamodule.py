@@ -54,7 +54,8 @@ class LanceDataModule(StreamingDataModule):
             on its reader's threads). Started at ``setup`` without waiting for them, kept
             for every epoch, stopped at ``teardown``, and gone within moments of the
             training process if it dies, even by ``SIGKILL``. The batches do not depend
-            on who reads them (:mod:`lightning_stream.workers.pool`).
+            on who reads them (:mod:`lightning_stream.workers.pool`). The readers begin
+            the next epoch once they have read this one, except after ``max_epochs``.
         shuffle: shuffle rows into splits, anew each epoch; default ``True``. ``False``
             cuts the table into splits in storage order.
         shuffle_seed: base seed of the shuffle, combined with the epoch; default 0. A
