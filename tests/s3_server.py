@@ -315,6 +315,8 @@ async def _send_file_range(transport: asyncio.Transport, body: _FileRange) -> No
         with contextlib.suppress(BlockingIOError):
             while left:
                 sent = os.sendfile(socket_fd, body.file.fileno(), offset, left)
+                if not sent:  # the file ended: the rest is asyncio's to report
+                    break
                 offset, left = offset + sent, left - sent
     if left:
         await asyncio.get_running_loop().sendfile(transport, body.file, offset, left)

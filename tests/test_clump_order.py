@@ -86,3 +86,23 @@ def test_a_clumped_epoch_is_exact_and_mixes_every_split_of_the_reader(table):
     assert all(
         len(np.unique(batch // 64)) >= 8 for batch in ids[: len(ids) // 16 * 16].reshape(-1, 16)
     )
+
+
+def test_a_draw_ahead_that_failed_is_drawn_again(table):
+    # the next epoch's rows are drawn on a thread while this one is served: a draw that
+    # failed there (an object store's hiccup) must not be the epoch's answer later
+    import lancedb
+
+    from lightning_stream.lance.splits import Drawer, failed
+
+    opened = lancedb.connect(table).open_table("samples")
+    options = {"num_splits": 4, "split_len": ROWS // 4, "shuffle": True, "epoch": 1}
+    drawer = Drawer()
+    broken = drawer.draw("epoch 1", None, options)
+    broken.exception()  # waits for it
+    assert failed(broken)
+    again = drawer.draw("epoch 1", opened, options)
+    assert again is not broken
+    assert np.array_equal(again.result(), split_rows(table, 0, 1, 4, 1))  # single rows
+    assert drawer.draw("epoch 1", opened, options) is again, "a good draw is kept"
+    drawer.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import lancedb
@@ -17,7 +17,7 @@ from lightning_stream.lance.columns import BatchMaker, ColumnTypes
 from lightning_stream.lance.order import CLUMPS_PER_SPLIT, clump_rows
 from lightning_stream.lance.pace import LOCAL_PACE, REMOTE_PACE
 from lightning_stream.lance.reader import ReadCounters, TableOpener
-from lightning_stream.lance.splits import ReaderRows, count_rows, split_rows
+from lightning_stream.lance.splits import Drawer, ReaderRows, count_rows, failed, split_rows
 from lightning_stream.lance.task import ReadJob, ReadTask, cut
 from lightning_stream.plan import RankEpochPlan
 from lightning_stream.state import DEFAULT
@@ -115,8 +115,7 @@ class LanceSource:
         self.pace = REMOTE_PACE if is_remote(uri) else LOCAL_PACE
         self.pool: WorkerPool | None = None
         self.inline: InlineReader | None = None  # num_workers=0: the reader's thread
-        self._drawing: ThreadPoolExecutor | None = None  # with workers: draws split rows
-        self._drawn: tuple[tuple[int, int], Future] | None = None
+        self.drawer = Drawer()  # with workers: the epochs' split rows
         self._open(version)
 
     def _open(self, version: int | None) -> None:
@@ -249,8 +248,8 @@ class LanceSource:
             yield from self._inline().serve(key, job, make.transformed, after)
             return
         pool = self.start_workers(plan.num_workers)
-        epoch_rows = self._drawn_rows(epoch).result()
-        following = upcoming and self._drawn_rows(upcoming[0])
+        epoch_rows = self._draw(epoch).result()
+        following = upcoming and self._draw(upcoming[0])
         if plan.num_workers > 1:
             rows = epoch_rows[plan.splits.start : plan.splits.stop]
             splits, positions = plan.head_order()
@@ -262,7 +261,7 @@ class LanceSource:
             for batch in pool.serve(*jobs, lambda sent: _made(sent, make)):
                 yield batch
                 if following and following.done():
-                    if following.exception() is None:  # begun once this one is read
+                    if not failed(following):  # begun once this one is read
                         pool.queue(*self._worker_jobs(*upcoming, following.result()))
                     following = None
         except WorkerDied as exc:
@@ -275,15 +274,9 @@ class LanceSource:
         finally:
             self._take_worker_counters()
 
-    def _drawn_rows(self, epoch: int) -> Future:
-        """:meth:`split_rows` of ``epoch``, drawn on a thread of this process, once: the
-        next epoch's are drawn while this one is served (0.1 s for 200k rows)."""
-        key = (self.version, epoch)
-        if self._drawn is None or self._drawn[0] != key:
-            if self._drawing is None:
-                self._drawing = ThreadPoolExecutor(1, thread_name_prefix="lance-draw")
-            self._drawn = (key, self._drawing.submit(self.split_rows, epoch))
-        return self._drawn[1]
+    def _draw(self, epoch: int) -> Future:
+        """:meth:`split_rows` of ``epoch``, drawn on the drawer's thread (once)."""
+        return self.drawer.draw((self.version, epoch), self.table, self._split_options(epoch))
 
     def _worker_jobs(
         self, epoch: int, plan: RankEpochPlan, split_rows: np.ndarray
@@ -338,9 +331,7 @@ class LanceSource:
         if self.pool is not None:
             pool, self.pool = self.pool, None
             pool.close()
-        if self._drawing is not None:  # a draw under way ends on its own
-            self._drawing.shutdown(wait=False, cancel_futures=True)
-            self._drawing = self._drawn = None
+        self.drawer.close()
 
 
 def _made(sent: Any, make: BatchMaker) -> Batch:

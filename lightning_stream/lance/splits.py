@@ -2,13 +2,15 @@
 
 lancedb's ``StreamingDataset`` draws an epoch's splits (its permutation table, a function
 of the table version, seed, epoch, clump size and filter), in the main process only: it
-imports torch, and a draw costs about 0.1 s of CPU and 16 bytes per row, which a rank
-spends once, not once per reading worker. :class:`ReaderRows` names the one reader's rows
-at ``num_workers=0`` so that its reading thread draws them.
+imports torch, and a draw costs about 0.1 s of CPU per 200k rows and 16 bytes a row,
+which a rank spends once, not once per reading worker. With workers a :class:`Drawer`
+draws the next epoch's on a thread while this one is served; at ``num_workers=0``
+:class:`ReaderRows` names the one reader's rows so that its reading thread draws them.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +65,31 @@ class ReaderRows:
         rows = split_rows(table, **self.options)[self.plan.splits.start : self.plan.splits.stop]
         return rows[self.plan.reader_order(self.reader)]
 
-    def count(self) -> int:
-        """How many rows :meth:`__call__` returns (without drawing them)."""
-        return len(self.plan.reader_order(self.reader)[0])
+
+class Drawer:
+    """:func:`split_rows` drawn on a thread of this process, the latest draw kept under
+    its key, so that an epoch's rows are drawn while the one before is served."""
+
+    def __init__(self) -> None:
+        self._threads: ThreadPoolExecutor | None = None
+        self._latest: tuple[Any, Future] | None = None
+
+    def draw(self, key: Any, table: Any, options: dict[str, Any]) -> Future:
+        """``split_rows(table, **options)``: the kept draw if its key is ``key`` and it
+        did not fail (a failed draw is drawn again, not raised again)."""
+        if self._latest is None or self._latest[0] != key or failed(self._latest[1]):
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(1, thread_name_prefix="lance-draw")
+            self._latest = (key, self._threads.submit(split_rows, table, **options))
+        return self._latest[1]
+
+    def close(self) -> None:
+        """Forget the kept draw; a draw under way ends on its own."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+        self._threads = self._latest = None
+
+
+def failed(future: Future) -> bool:
+    """Whether ``future`` ended without a result (an error, or cancelled)."""
+    return future.done() and (future.cancelled() or future.exception() is not None)
