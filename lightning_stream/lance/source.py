@@ -115,7 +115,7 @@ class LanceSource:
         self.pace = REMOTE_PACE if is_remote(uri) else LOCAL_PACE
         self.pool: WorkerPool | None = None
         self.inline: InlineReader | None = None  # num_workers=0: the reader's thread
-        self.drawer = Drawer()  # with workers: the epochs' split rows
+        self.drawer = Drawer()  # the epochs' split rows
         self._open(version)
 
     def _open(self, version: int | None) -> None:
@@ -243,26 +243,26 @@ class LanceSource:
         if plan.num_workers == 0:
             # the transform runs here, in batch order: its random draws and training_step's
             # come from the same global generators
-            after = upcoming and self._inline_job(*upcoming)
             key, job = self._inline_job(epoch, plan)
+            after = upcoming and self._inline_job(*upcoming)
             yield from self._inline().serve(key, job, make.transformed, after)
             return
         pool = self.start_workers(plan.num_workers)
-        epoch_rows = self._draw(epoch).result()
+        drawn = self._draw(epoch)
         following = upcoming and self._draw(upcoming[0])
         if plan.num_workers > 1:
-            rows = epoch_rows[plan.splits.start : plan.splits.stop]
+            rows = drawn.result()[plan.splits.start : plan.splits.stop]
             splits, positions = plan.head_order()
             for table in self.read_here(rows[splits, positions], cut(len(splits), plan.batch_size)):
                 pool.ready()  # a worker that failed to start says so now
                 yield make(table)
         try:
-            jobs = self._worker_jobs(epoch, plan, epoch_rows)
+            jobs = self._worker_jobs(epoch, plan, drawn)
             for batch in pool.serve(*jobs, lambda sent: _made(sent, make)):
                 yield batch
                 if following and following.done():
                     if not failed(following):  # begun once this one is read
-                        pool.queue(*self._worker_jobs(*upcoming, following.result()))
+                        pool.queue(*self._worker_jobs(*upcoming, following))
                     following = None
         except WorkerDied as exc:
             self.stop_workers()
@@ -275,27 +275,27 @@ class LanceSource:
             self._take_worker_counters()
 
     def _draw(self, epoch: int) -> Future:
-        """:meth:`split_rows` of ``epoch``, drawn on the drawer's thread (once)."""
+        """:meth:`split_rows` of ``epoch``, drawn on the drawer's thread (once): the next
+        epoch's while this one is served."""
         return self.drawer.draw((self.version, epoch), self.table, self._split_options(epoch))
 
     def _worker_jobs(
-        self, epoch: int, plan: RankEpochPlan, split_rows: np.ndarray
+        self, epoch: int, plan: RankEpochPlan, drawn: Future
     ) -> tuple[tuple, list[ReadJob]]:
-        """The key of ``epoch`` under ``plan`` and each worker's job, from its split rows."""
-        rows = split_rows[plan.splits.start : plan.splits.stop]
+        """The key of ``epoch`` under ``plan`` and each worker's job, from its draw."""
         # without a transform the main process makes every batch from the Arrow rows
         make = self.batch_maker() if self.transform is not None else None
         jobs = []
         for worker in range(plan.num_workers):
-            served = rows[plan.reader_order(worker)]
+            served = ReaderRows(drawn, plan, worker)()
             jobs.append(ReadJob(served, cut(len(served), plan.batch_size), self.opener, make))
         return (self.version, epoch, plan), jobs
 
     def _inline_job(self, epoch: int, plan: RankEpochPlan) -> tuple[tuple, ReadJob]:
-        """The key and job of ``epoch`` under ``plan`` at 0 workers: its rows drawn on the
-        reading thread (the next epoch's while this one ends), its batches made there
-        without the transform."""
-        rows = ReaderRows(self._split_options(epoch), plan, 0)
+        """The key and job of ``epoch`` under ``plan`` at 0 workers: its rows taken from
+        their draw when the reading thread starts it, its batches made there without the
+        transform."""
+        rows = ReaderRows(self._draw(epoch), plan, 0)
         job = ReadJob(rows, plan.sizes, self.opener, BatchMaker(self.types, None))
         return (self.version, epoch, plan), job
 

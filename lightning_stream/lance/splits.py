@@ -3,9 +3,9 @@
 lancedb's ``StreamingDataset`` draws an epoch's splits (its permutation table, a function
 of the table version, seed, epoch, clump size and filter), in the main process only: it
 imports torch, and a draw costs about 0.1 s of CPU per 200k rows and 16 bytes a row,
-which a rank spends once, not once per reading worker. With workers a :class:`Drawer`
-draws the next epoch's on a thread while this one is served; at ``num_workers=0``
-:class:`ReaderRows` names the one reader's rows so that its reading thread draws them.
+which a rank spends once, not once per reading worker. A :class:`Drawer` draws them on a
+thread, the next epoch's while this one is served; :class:`ReaderRows` takes one
+reader's rows out of a draw.
 """
 
 from __future__ import annotations
@@ -53,16 +53,16 @@ def count_rows(table: Any, filter: str | None, uri: str, name: str) -> int:
 @dataclass(frozen=True)
 class ReaderRows:
     """Reader ``reader``'s rows of ``plan`` (see
-    :meth:`~lightning_stream.plan.RankEpochPlan.reader_order`), in its serving order,
-    drawn from the epoch's splits (``options``: :func:`split_rows`'s) of the table it is
-    called with."""
+    :meth:`~lightning_stream.plan.RankEpochPlan.reader_order`), in its serving order, out
+    of the epoch's split rows ``drawn`` (waited for when called: the 0-worker reading
+    thread calls it when the job starts)."""
 
-    options: dict[str, Any]
+    drawn: Future
     plan: RankEpochPlan
     reader: int
 
-    def __call__(self, table: Any) -> np.ndarray:
-        rows = split_rows(table, **self.options)[self.plan.splits.start : self.plan.splits.stop]
+    def __call__(self) -> np.ndarray:
+        rows = self.drawn.result()[self.plan.splits.start : self.plan.splits.stop]
         return rows[self.plan.reader_order(self.reader)]
 
 

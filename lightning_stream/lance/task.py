@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -30,9 +30,6 @@ from lightning_stream.lance.reader import (
     take_rows,
 )
 
-if TYPE_CHECKING:  # drawn in the main process only (lancedb.streaming imports torch)
-    from lightning_stream.lance.splits import ReaderRows
-
 
 def cut(rows: int, batch_size: int) -> list[int]:
     """Batch sizes of a reader's ``rows``: full batches, then the rest."""
@@ -44,14 +41,13 @@ def cut(rows: int, batch_size: int) -> list[int]:
 class ReadJob:
     """One reader's rows of one epoch, in serving order, and the sizes to cut them into.
 
-    ``rows``: the row ids, or (on the main process's reading thread) a
-    :class:`~lightning_stream.lance.splits.ReaderRows` that draws them when the job
-    starts. ``opener`` names the table version (a resume pins the one its checkpoint
-    read); ``make``, when set, turns the rows into the batch in the reader (a
-    ``transform``).
+    ``rows``: the row ids, or (on the main process's reading thread) a function that
+    returns them when the job starts (:class:`~lightning_stream.lance.splits.ReaderRows`).
+    ``opener`` names the table version (a resume pins the one its checkpoint read);
+    ``make``, when set, turns the rows into the batch in the reader (a ``transform``).
     """
 
-    rows: np.ndarray | ReaderRows
+    rows: np.ndarray | Callable[[], np.ndarray]
     sizes: list[int]
     opener: TableOpener
     make: Callable[[pa.Table], Any] | None = None
@@ -85,7 +81,7 @@ class ReadTask:
     def run(self, state: _Reader, job: ReadJob) -> Iterator[Any]:
         if job.opener != state.opener:  # a resume pins another version
             state.opener, state.table = job.opener, job.opener()
-        rows = job.rows if isinstance(job.rows, np.ndarray) else job.rows(state.table)
+        rows = job.rows if isinstance(job.rows, np.ndarray) else job.rows()
         reader = BudgetedReader(
             take_rows(state.table, self.columns),
             rows,
