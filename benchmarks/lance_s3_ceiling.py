@@ -6,7 +6,7 @@ The heavy table of ``bench_lance.py --s3 --heavy`` is read whole with lance's ta
 row id (``take_rows``, the call the data module's reads make), in clumps of storage-order
 rows of the data module's default size taken in a shuffled order, ``--read-rows`` rows a
 read, ``--threads`` reads at once, from local disk and from the test S3 server (moto
-behind an aiohttp front, every request answered after ``--latency-ms``), interleaved,
+behind an asyncio front, every request answered after ``--latency-ms``), interleaved,
 ``--rounds`` rounds. Nothing consumes the rows: no batches, no training step, no
 workers. Whole clumps in one run are friendlier to S3 than the module's reads, which
 cycle over 32 splits and so fetch each clump in a few pieces.

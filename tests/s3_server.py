@@ -19,21 +19,24 @@ serves moto's S3 with these additions:
   benchmark can leave the others to the reader, as a real store's CPU is not on the
   reader's host.
 
-The front is an aiohttp server (its HTTP parser is C; one event loop, so every wait is an
-``asyncio.sleep`` that holds up no other request); moto's own server runs on a thread of
-the same process (``moto.server.ThreadedMotoServer``) on a port of its own. A range GET
-of one byte range is answered at the front from moto's stored object, reading only that
-range (``_range_reply``): moto itself copies the whole object twice for every range read,
-under the object's lock. Where moto keeps the object in a file (above its in-memory size),
-the range goes out with ``sendfile``, which cut the server's CPU on an epoch of 22 KB rows
-at 0 workers from 0.24 to 0.16 s (medians of 4 rounds, the same reads). Every other
-request (listings, HEAD, PUT, whole-object GETs, and every request when
-``check_credentials``) is passed to moto as it came, Host header included, so its
-signature checks hold. Why not werkzeug, moto's server, for the range
-reads too: the store shares this host's 2 cores with the reader it serves, and a real
-store's CPU is not on the reader's host. werkzeug spent 0.8 ms of CPU per range GET
-(Python's header parsing, a thread per connection): 1.5 s per epoch of a 0.55 GB table
-read in 1,864 GETs, as much as the reader; the front spends 0.45-0.7 s on the same epoch.
+The front is a plain asyncio server (``asyncio.start_server``: one event loop, so every
+wait is an ``asyncio.sleep`` that holds up no other request); moto's own server runs on a
+thread of the same process (``moto.server.ThreadedMotoServer``) on a port of its own. A
+range GET of one byte range is answered at the front from moto's stored object, reading
+only that range (``_range_reply``): moto itself copies the whole object twice for every
+range read, under the object's lock. Where moto keeps the object in a file (above its
+in-memory size), the range goes out with ``sendfile``. Every other request (listings,
+HEAD, PUT, whole-object GETs, and every request when ``check_credentials``) is passed to
+moto as it came, Host header included, so its signature checks hold, on a connection of
+its own.
+
+Why so lean: the store shares this host's 2 cores with the reader it serves, and a real
+store's CPU is not on the reader's host, so every microsecond it spends per GET is taken
+from the reader being measured. werkzeug (moto's server) spent 0.8 ms of CPU per range
+GET; an aiohttp front 0.24 ms (its request, router and response objects: 0.2-0.4 s per
+epoch of a 0.55 GB table, 1,350-1,580 GETs at 2 workers, a third of the reader's CPU on
+S3 above local); this front 0.14 ms, most of it the kernel's (4 x 500 GETs of 100 bytes
+over keep-alive connections, ``/proc`` of the server, scratch script).
 
 :class:`S3Server` starts it as a subprocess in its own process group and kills the group
 on :meth:`S3Server.stop`.
@@ -55,8 +58,10 @@ import time
 import urllib.request
 import weakref
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 # dummy credentials: moto accepts any
 ACCESS_KEY = "lightning-stream-test"
@@ -226,7 +231,7 @@ class S3Server:
         pafs.copy_files(str(local), url.removeprefix("s3://"), destination_filesystem=s3)
 
 
-async def _send_paced(response, body: bytes, bytes_per_s: float) -> None:
+async def _send_paced(writer: asyncio.StreamWriter, body: bytes, bytes_per_s: float) -> None:
     """Write ``body`` in pieces, no faster than ``bytes_per_s``."""
     start, sent = time.monotonic(), 0
     for offset in range(0, len(body), PACE_BYTES):
@@ -235,7 +240,8 @@ async def _send_paced(response, body: bytes, bytes_per_s: float) -> None:
         ahead = start + sent / bytes_per_s - time.monotonic()
         if ahead > 0:
             await asyncio.sleep(ahead)
-        await response.write(piece)
+        writer.write(piece)
+        await writer.drain()
 
 
 @dataclass(frozen=True)
@@ -254,23 +260,20 @@ class _FileRange:
         return os.pread(self.file.fileno(), self.size, self.start)
 
 
-def _range_reply(path: str, header: str) -> tuple[dict[str, str], bytes | _FileRange] | None:
-    """Headers and body of a range GET of ``path`` (``/bucket/key``), read from moto's
-    stored object (a :class:`_FileRange` where moto keeps it in a file); ``None`` for
-    anything but one satisfiable range of an existing object (moto then answers it, errors
-    included)."""
-    from urllib.parse import unquote
-
-    from moto.core import DEFAULT_ACCOUNT_ID
-    from moto.s3.models import s3_backends
-
+def _range_reply(
+    backend: Any, path: str, header: str
+) -> tuple[dict[str, str], bytes | _FileRange] | None:
+    """Headers and body of a range GET of ``path`` (``/bucket/key``, quoted), read from
+    moto's stored object in ``backend`` (a :class:`_FileRange` where moto keeps it in a
+    file); ``None`` for anything but one satisfiable range of an existing object (moto
+    then answers it, errors included)."""
     unit, _, spec = header.partition("=")
     first, _, last = spec.partition("-")
     if unit.strip() != "bytes" or "," in spec or not first.isdigit():
         return None
     bucket, _, name = unquote(path).lstrip("/").partition("/")
     try:
-        key = s3_backends[DEFAULT_ACCOUNT_ID]["aws"].get_object(bucket, name)
+        key = backend.get_object(bucket, name)
     except Exception:
         return None
     if key is None or int(first) >= key.size:
@@ -334,114 +337,184 @@ def _own_file(buffer: Any) -> Any:
     return _OWN_FILES[buffer]
 
 
-# headers of one hop, not forwarded (aiohttp sets its own framing)
-_HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
+# headers of one hop, not forwarded: each side frames its own messages
+_HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length"}
+
+
+@dataclass(frozen=True)
+class _Request:
+    method: str
+    target: str  # path and query, as sent (quoted)
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    @property
+    def path(self) -> str:
+        return self.target.partition("?")[0]
+
+    def header(self, name: str) -> str | None:
+        return next((v for k, v in self.headers if k.lower() == name), None)
+
+
+def _parse_head(head: bytes) -> tuple[str, list[tuple[str, str]]]:
+    """The first line and the headers of an HTTP message's head."""
+    first, *lines = head.decode("latin-1").rstrip("\r\n").split("\r\n")
+    headers = []
+    for line in lines:
+        name, _, value = line.partition(":")
+        headers.append((name.strip(), value.strip()))
+    return first, headers
+
+
+async def _read_request(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> _Request | None:
+    """The next request on a connection (``None``: the client closed it)."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        return None
+    first, headers = _parse_head(head)
+    method, target, _ = first.split(" ", 2)
+    fields = {name.lower(): value for name, value in headers}
+    if fields.get("expect", "").lower() == "100-continue":
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    if "chunked" in fields.get("transfer-encoding", "").lower():
+        body = b""
+        while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
+            body += await reader.readexactly(size)
+            await reader.readexactly(2)
+        while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
+            pass
+    else:
+        body = await reader.readexactly(int(fields.get("content-length", 0)))
+    return _Request(method, target, headers, body)
+
+
+def _reply_head(status: int, headers: dict[str, str], length: int | str) -> bytes:
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    lines.append(f"Content-Length: {length}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+async def _to_moto(address: tuple[str, int], request: _Request) -> tuple[int, dict, bytes]:
+    """``request`` answered by moto's own server at ``address``: status, headers, body.
+
+    Sent as HTTP/1.0 on a connection of its own, so the reply is framed by the
+    connection's end (no chunks, no ``100 Continue``); the headers as they came, Host
+    included, so moto's signature checks hold.
+    """
+    reader, writer = await asyncio.open_connection(*address)
+    try:
+        headers = [(k, v) for k, v in request.headers if k.lower() not in _HOP_HEADERS]
+        headers.append(("Content-Length", str(len(request.body))))
+        lines = [f"{request.method} {request.target} HTTP/1.0"]
+        lines += [f"{name}: {value}" for name, value in headers]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + request.body)
+        reply = await reader.read()
+    finally:
+        writer.close()
+    head, _, body = reply.partition(b"\r\n\r\n")
+    first, headers = _parse_head(head)
+    kept = {k: v for k, v in headers if k.lower() not in _HOP_HEADERS}
+    if request.method == "HEAD":  # moto's Content-Length is the object's size
+        kept["Content-Length"] = dict((k.lower(), v) for k, v in headers)["content-length"]
+    return int(first.split(" ", 2)[1]), kept, body
 
 
 def _serve(port: int, latency_ms: float, bandwidth_mb_s: float | None, fast_ranges: bool) -> None:
-    from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.s3.models import s3_backends
     from moto.server import ThreadedMotoServer
-    from yarl import URL
 
     moto = ThreadedMotoServer("127.0.0.1", 0, verbose=False)
     moto.start()
-    moto_url = "http://{}:{}".format(*moto.get_host_and_port())
+    moto_address = moto.get_host_and_port()
+    backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
     served = [0]
     whole: list[str] = []
     log: list[tuple[float, float, int]] = []
     sending = [0]  # object GETs whose body is still being written, so not yet logged
-    state: dict[str, ClientSession] = {}
 
-    def text(body: str) -> web.Response:
-        return web.Response(text=body)
+    def text(writer: asyncio.StreamWriter, body: str) -> None:
+        data = body.encode()
+        writer.write(_reply_head(200, {"Content-Type": "text/plain"}, len(data)) + data)
 
-    async def to_moto(request: web.Request) -> tuple[int, dict[str, str], bytes]:
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
-        # moto checks a signature over the Host the client signed
-        headers["Host"] = request.host
-        async with state["moto"].request(
-            request.method, URL(moto_url + request.raw_path, encoded=True), headers=headers,
-            data=await request.read(), allow_redirects=False,
-        ) as reply:  # fmt: skip
-            body = await reply.read()
-            kept = {k: v for k, v in reply.headers.items() if k.lower() not in _HOP_HEADERS}
-            if request.method == "HEAD" and "Content-Length" in reply.headers:
-                kept["Content-Length"] = reply.headers["Content-Length"]
-            return reply.status, kept, body
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        path = request.path
+    async def respond(request: _Request, writer: asyncio.StreamWriter) -> None:
+        path = unquote(request.path)
         if path == WHOLE_GETS_PATH:
-            return text("\n".join(whole))
+            return text(writer, "\n".join(whole))
         if path == REQUESTS_PATH:
             # a reader that has its bytes finds them logged: wait for bodies being written
             deadline = time.monotonic() + 10
             while sending[0] and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
-            return text(json.dumps(log))
+            return text(writer, json.dumps(log))
         if path == CPU_PATH:
             used = os.times()
-            return text(str(used.user + used.system))
+            return text(writer, str(used.user + used.system))
         if path == BYTES_PATH:
             if request.method == "DELETE":
                 served[0] = 0
                 log.clear()
-            return text(str(served[0]))
+            return text(writer, str(served[0]))
         start = time.monotonic()
         if latency_ms > 0:
             await asyncio.sleep(latency_ms / 1000)
-        ranged = "Range" in request.headers
+        ranged = request.header("range")
         reply = None
         if fast_ranges and request.method == "GET" and ranged:
-            reply = _range_reply(request.rel_url.raw_path, request.headers["Range"])
+            reply = _range_reply(backend, request.path, ranged)
         if reply is not None:
             status, headers, body = 206, *reply
         else:
-            status, headers, body = await to_moto(request)
-        if request.method == "HEAD":  # moto's Content-Length is the object's size
-            return web.Response(status=status, headers=headers)
+            status, headers, body = await _to_moto(moto_address, request)
+        if request.method == "HEAD":
+            length = headers.pop("Content-Length")
+            return writer.write(_reply_head(status, headers, length))
         if request.method != "GET":
-            return web.Response(status=status, headers=headers, body=body)
+            return writer.write(_reply_head(status, headers, len(body)) + body)
         served[0] += len(body)
-        if not ranged and not request.query_string:
+        if not ranged and "?" not in request.target:
             whole.append(path)
         obj = "/" in path.strip("/")  # /bucket/key: an object, not a listing
         sending[0] += obj
         try:
-            response = web.StreamResponse(status=status, headers=headers)
-            response.content_length = len(body)
-            await response.prepare(request)
+            writer.write(_reply_head(status, headers, len(body)))
             if bandwidth_mb_s is not None:
                 body = body.read() if isinstance(body, _FileRange) else body
-                await _send_paced(response, body, bandwidth_mb_s * 1e6)
+                await _send_paced(writer, body, bandwidth_mb_s * 1e6)
             elif isinstance(body, _FileRange):
-                await _send_file_range(request.transport, body)
+                await _send_file_range(writer.transport, body)
             else:
-                await response.write(body)
-            await response.write_eof()
+                writer.write(body)
+            await writer.drain()
         finally:
             sending[0] -= obj
         if obj:
             log.append((start, time.monotonic() - start, len(body)))
-        return response
 
-    async def open_session(app: web.Application):
-        state["moto"] = ClientSession(
-            connector=TCPConnector(limit=64), timeout=ClientTimeout(total=300),
-            auto_decompress=False, skip_auto_headers=("Content-Type",),
-        )  # fmt: skip
-        yield
-        await state["moto"].close()
+    async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while (request := await _read_request(reader, writer)) is not None:
+                await respond(request, writer)
+        except (ConnectionError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        # A store accepts every connection: with a backlog of 128, two readers' bursts of
+        # new connections overflowed it (TcpExtListenOverflows), and each dropped SYN cost
+        # its GET a second's retransmit: an epoch of 2 workers stalled in half-second gaps.
+        server = await asyncio.start_server(connection, "127.0.0.1", port, backlog=4096)
+        async with server:
+            await server.serve_forever()
 
     # werkzeug (moto's server) logs a line per request: CPU on the host's cores, for nothing
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    app = web.Application(client_max_size=2**40)
-    app.cleanup_ctx.append(open_session)
-    app.router.add_route("*", "/{tail:.*}", handle)
-    # A store accepts every connection: with a backlog of 128, two readers' bursts of new
-    # connections overflowed it (TcpExtListenOverflows), and each dropped SYN cost its GET
-    # a second's retransmit: an epoch of 2 workers stalled in half-second gaps.
-    web.run_app(app, host="127.0.0.1", port=port, backlog=4096, print=None, access_log=None)
+    asyncio.run(main())
 
 
 if __name__ == "__main__":
