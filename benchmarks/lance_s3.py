@@ -23,9 +23,11 @@ Reported per shuffle setting and worker count, over the rounds (median and range
   afresh). Every other figure is the first epoch's;
 - bytes/table: the response bodies of every GET the server sent from after ``setup``
   to the epoch's end (counted on the server side) over the table's bytes; next: the
-  same from the first epoch's end to the second's. A reader that begins the next epoch
-  before this one ends (``--step-ms``: while the last batches are trained on) counts
-  those reads in the epoch they overlap: the next epoch's figure is the steady one;
+  same from the first epoch's end to the second's. The two epochs are a run's last
+  (the stream's ``last_epoch`` set as ``max_epochs=2`` sets it), so the readers begin
+  the second epoch during the first, and those reads count in the first, but read
+  nothing of a third: per epoch, both epochs' bytes over two, is every byte the run
+  read for each epoch;
 - GETs of object bytes in the epoch, their median size, and the reads in flight on the
   server on average (the GETs' summed durations, latency included, over the epoch);
 - store CPU: the S3 server's CPU seconds during the S3 epoch over the same round's local
@@ -125,6 +127,7 @@ def epoch(config: str, uri: str, endpoint: str, batch_size: int, step_ms: float 
 
     with PeakRss() as rss:
         dm.setup("fit")
+        dm.stream.last_epoch = 1  # two epochs, as under Trainer(max_epochs=2)
         if options:
             bytes_served(endpoint, reset=True)
             store_cpu = cpu_seconds(endpoint)
@@ -256,6 +259,9 @@ def summary(runs: list[dict], table_bytes: int) -> dict:
                     "next_epoch_bytes_over_table": spread(
                         [r["next_epoch"]["bytes"] / table_bytes for r in s3]
                     ),
+                    "bytes_per_epoch_over_table": spread(
+                        [(r["bytes"] + r["next_epoch"]["bytes"]) / 2 / table_bytes for r in s3]
+                    ),
                     "store_cpu_over_local_epoch": statistics.median(
                         b.get("store_cpu_s", math.nan) / (a["rows"] / a["rows_per_s"])
                         for a, b in zip(local, s3, strict=True)
@@ -289,8 +295,8 @@ def _cores_busy(run: dict) -> float:
 def report(figures: dict) -> None:
     print(f"\n{'configuration':<46} {'local rows/s':>12} {'S3 rows/s':>10}"
           f" {'S3/local (range)':>18} {'whole epoch':>18} {'next epoch':>18}"
-          f" {'bytes/table':>11} {'next':>5} {'blocks/64':>9} {'GETs':>7} {'GET KB':>7}"
-          f" {'in flight':>9}"
+          f" {'bytes/table':>11} {'next':>5} {'per epoch':>9} {'blocks/64':>9} {'GETs':>7}"
+          f" {'GET KB':>7} {'in flight':>9}"
           f" {'RSS+ MB':>7} {'store CPU':>9} {'host CPU':>8} {'reader CPU':>10}"
           f" {'cores local/S3':>14}")  # fmt: skip
     for name, f in figures.items():
@@ -299,7 +305,8 @@ def report(figures: dict) -> None:
         print(f"{name:<46} {f['local_rows_per_s']['median']:>12.0f}"
               f" {f['s3_rows_per_s']['median']:>10.0f} {ratio:>18} {whole:>18} {following:>18}"
               f" {f['bytes_over_table']['median']:>11.2f}"
-              f" {f['next_epoch_bytes_over_table']['median']:>5.2f} {f['blocks_per_64']:>9.1f}"
+              f" {f['next_epoch_bytes_over_table']['median']:>5.2f}"
+              f" {f['bytes_per_epoch_over_table']['median']:>9.2f} {f['blocks_per_64']:>9.1f}"
               f" {f['gets']:>7.0f} {f['median_get_kb']:>7.1f} {f['in_flight']:>9.1f}"
               f" {f['s3_peak_above_first_mb']:>7.0f}"
               f" {f['store_cpu_over_local_epoch']:>9.2f} {f['host_cpu_s3_over_local']:>8.2f}"
