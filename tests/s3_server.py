@@ -419,7 +419,7 @@ async def _to_moto(address: tuple[str, int], request: _Request) -> tuple[int, di
     first, headers = _parse_head(head)
     kept = {k: v for k, v in headers if k.lower() not in _HOP_HEADERS}
     if request.method == "HEAD":  # moto's Content-Length is the object's size
-        kept["Content-Length"] = dict((k.lower(), v) for k, v in headers)["content-length"]
+        kept["Content-Length"] = next((v for k, v in headers if k.lower() == "content-length"), "0")
     return int(first.split(" ", 2)[1]), kept, body
 
 
