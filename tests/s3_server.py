@@ -34,9 +34,9 @@ Why so lean: the store shares this host's 2 cores with the reader it serves, and
 store's CPU is not on the reader's host, so every microsecond it spends per GET is taken
 from the reader being measured. werkzeug (moto's server) spent 0.8 ms of CPU per range
 GET; an aiohttp front 0.24 ms (its request, router and response objects: 0.2-0.4 s per
-epoch of a 0.55 GB table, 1,350-1,580 GETs at 2 workers, a third of the reader's CPU on
-S3 above local); this front 0.14 ms, most of it the kernel's (4 x 500 GETs of 100 bytes
-over keep-alive connections, ``/proc`` of the server, scratch script).
+epoch of a 0.55 GB table, 1,350-1,580 GETs at 2 workers, most of the host CPU an S3
+epoch took above a local one); this front 0.14 ms, 0.10 of it in Python (4 x 500 GETs of
+100 bytes over keep-alive connections, ``/proc`` of the server, scratch script).
 
 :class:`S3Server` starts it as a subprocess in its own process group and kills the group
 on :meth:`S3Server.stop`.
@@ -337,8 +337,9 @@ def _own_file(buffer: Any) -> Any:
     return _OWN_FILES[buffer]
 
 
-# headers of one hop, not forwarded: each side frames its own messages
-_HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length"}
+# headers of one hop, not forwarded: each side frames its own messages (the front has
+# answered ``Expect: 100-continue`` itself; werkzeug would answer it again, even to HTTP/1.0)
+_HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "expect"}
 
 
 @dataclass(frozen=True)
@@ -380,12 +381,13 @@ async def _read_request(
     if fields.get("expect", "").lower() == "100-continue":
         writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     if "chunked" in fields.get("transfer-encoding", "").lower():
-        body = b""
+        chunks = []
         while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
-            body += await reader.readexactly(size)
+            chunks.append(await reader.readexactly(size))
             await reader.readexactly(2)
         while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
             pass
+        body = b"".join(chunks)
     else:
         body = await reader.readexactly(int(fields.get("content-length", 0)))
     return _Request(method, target, headers, body)
@@ -401,9 +403,10 @@ def _reply_head(status: int, headers: dict[str, str], length: int | str) -> byte
 async def _to_moto(address: tuple[str, int], request: _Request) -> tuple[int, dict, bytes]:
     """``request`` answered by moto's own server at ``address``: status, headers, body.
 
-    Sent as HTTP/1.0 on a connection of its own, so the reply is framed by the
-    connection's end (no chunks, no ``100 Continue``); the headers as they came, Host
-    included, so moto's signature checks hold.
+    Sent as HTTP/1.0 on a connection of its own, its end sent with the request (werkzeug
+    waits 10 ms for more input before it closes otherwise), so the reply is framed by the
+    connection's end (moto gives every reply a Content-Length, so werkzeug sends no
+    chunks); the headers as they came, Host included, so moto's signature checks hold.
     """
     reader, writer = await asyncio.open_connection(*address)
     try:
@@ -412,9 +415,12 @@ async def _to_moto(address: tuple[str, int], request: _Request) -> tuple[int, di
         lines = [f"{request.method} {request.target} HTTP/1.0"]
         lines += [f"{name}: {value}" for name, value in headers]
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + request.body)
+        writer.write_eof()
         reply = await reader.read()
     finally:
         writer.close()
+    if not reply:
+        raise ConnectionError(f"moto closed the connection without answering {request.target}")
     head, _, body = reply.partition(b"\r\n\r\n")
     first, headers = _parse_head(head)
     kept = {k: v for k, v in headers if k.lower() not in _HOP_HEADERS}
@@ -499,8 +505,8 @@ def _serve(port: int, latency_ms: float, bandwidth_mb_s: float | None, fast_rang
         try:
             while (request := await _read_request(reader, writer)) is not None:
                 await respond(request, writer)
-        except (ConnectionError, asyncio.LimitOverrunError):
-            pass
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+            pass  # a client gone or a request the front cannot read: the connection closes
         finally:
             writer.close()
 
@@ -525,7 +531,7 @@ if __name__ == "__main__":
     parser.add_argument("--cpus", help="comma-separated cores to run on (default: any)")
     args = parser.parse_args()
     if args.cpus:
-        # before moto's and aiohttp's threads start: they inherit it
+        # before moto's threads start: they inherit it
         os.sched_setaffinity(0, {int(cpu) for cpu in args.cpus.split(",")})
     # moto checks credentials when this is set: it then answers every request itself
     checking = "INITIAL_NO_AUTH_ACTION_COUNT" in os.environ
