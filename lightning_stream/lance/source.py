@@ -17,7 +17,14 @@ from lightning_stream.lance.columns import BatchMaker, ColumnTypes
 from lightning_stream.lance.order import CLUMPS_PER_SPLIT, clump_rows
 from lightning_stream.lance.pace import LOCAL_PACE, REMOTE_PACE
 from lightning_stream.lance.reader import ReadCounters, TableOpener
-from lightning_stream.lance.splits import Drawer, ReaderRows, count_rows, failed, split_rows
+from lightning_stream.lance.splits import (
+    Drawer,
+    ReaderRows,
+    count_rows,
+    failed,
+    rank_rows,
+    split_rows,
+)
 from lightning_stream.lance.task import ReadJob, ReadTask, cut
 from lightning_stream.plan import RankEpochPlan
 from lightning_stream.state import DEFAULT
@@ -188,9 +195,9 @@ class LanceSource:
             self._open(saved)
 
     def split_rows(self, epoch: int) -> np.ndarray:
-        """Row ids of every split of ``epoch``, ``[num_splits, split_len]``, in split order
-        (:func:`~lightning_stream.lance.splits.split_rows`)."""
-        return split_rows(self.table, **self._split_options(epoch))
+        """Row ids of every split of ``epoch``, ``[num_splits, split_len]``, in split order:
+        the draw the readers take their rows from (:meth:`_draw`)."""
+        return self._draw(epoch).result()
 
     def _split_options(self, epoch: int) -> dict[str, Any]:
         return {
@@ -251,7 +258,7 @@ class LanceSource:
         drawn = self._draw(epoch)
         following = upcoming and self._draw(upcoming[0])
         if plan.num_workers > 1:
-            rows = drawn.result()[plan.splits.start : plan.splits.stop]
+            rows = rank_rows(drawn, plan)
             splits, positions = plan.head_order()
             for table in self.read_here(rows[splits, positions], cut(len(splits), plan.batch_size)):
                 pool.ready()  # a worker that failed to start says so now
@@ -275,7 +282,7 @@ class LanceSource:
             self._take_worker_counters()
 
     def _draw(self, epoch: int) -> Future:
-        """:meth:`split_rows` of ``epoch``, drawn on the drawer's thread (once): the next
+        """The split rows of ``epoch``, drawn on the drawer's thread (once): the next
         epoch's while this one is served."""
         return self.drawer.draw((self.version, epoch), self.table, self._split_options(epoch))
 

@@ -62,8 +62,12 @@ class ReaderRows:
     reader: int
 
     def __call__(self) -> np.ndarray:
-        rows = self.drawn.result()[self.plan.splits.start : self.plan.splits.stop]
-        return rows[self.plan.reader_order(self.reader)]
+        return rank_rows(self.drawn, self.plan)[self.plan.reader_order(self.reader)]
+
+
+def rank_rows(drawn: Future, plan: RankEpochPlan) -> np.ndarray:
+    """The rank's splits of ``plan`` out of the epoch's split rows ``drawn`` (waited for)."""
+    return drawn.result()[plan.splits.start : plan.splits.stop]
 
 
 class Drawer:
