@@ -354,7 +354,12 @@ class _Request:
         return self.target.partition("?")[0]
 
     def header(self, name: str) -> str | None:
-        return next((v for k, v in self.headers if k.lower() == name), None)
+        return _header(self.headers, name)
+
+
+def _header(headers: list[tuple[str, str]], name: str) -> str | None:
+    """The value of header ``name`` (lower case) in ``headers``; ``None`` if absent."""
+    return next((v for k, v in headers if k.lower() == name), None)
 
 
 def _parse_head(head: bytes) -> tuple[str, list[tuple[str, str]]]:
@@ -377,10 +382,9 @@ async def _read_request(
         return None
     first, headers = _parse_head(head)
     method, target, _ = first.split(" ", 2)
-    fields = {name.lower(): value for name, value in headers}
-    if fields.get("expect", "").lower() == "100-continue":
+    if (_header(headers, "expect") or "").lower() == "100-continue":
         writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    if "chunked" in fields.get("transfer-encoding", "").lower():
+    if "chunked" in (_header(headers, "transfer-encoding") or "").lower():
         chunks = []
         while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
             chunks.append(await reader.readexactly(size))
@@ -389,7 +393,7 @@ async def _read_request(
             pass
         body = b"".join(chunks)
     else:
-        body = await reader.readexactly(int(fields.get("content-length", 0)))
+        body = await reader.readexactly(int(_header(headers, "content-length") or 0))
     return _Request(method, target, headers, body)
 
 
@@ -425,7 +429,7 @@ async def _to_moto(address: tuple[str, int], request: _Request) -> tuple[int, di
     first, headers = _parse_head(head)
     kept = {k: v for k, v in headers if k.lower() not in _HOP_HEADERS}
     if request.method == "HEAD":  # moto's Content-Length is the object's size
-        kept["Content-Length"] = next((v for k, v in headers if k.lower() == "content-length"), "0")
+        kept["Content-Length"] = _header(headers, "content-length") or "0"
     return int(first.split(" ", 2)[1]), kept, body
 
 
