@@ -7,7 +7,7 @@ the reading side of the package, start without importing Lightning.
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _PUBLIC = {
     "AtomicCheckpointIO": "lightning_stream.checkpoint_io",

@@ -14,13 +14,12 @@ import json
 from pathlib import Path
 
 import lightning.pytorch as pl
-import numpy as np
-import pyarrow as pa
 import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_stream import AtomicCheckpointIO, LanceDataModule, LoaderMonitor, StreamStateCallback
+from lightning_stream.lance.synthetic import make_light_table
 
 # (sample id, input feature, its width) of the two kinds of data module
 INPUTS = {"lance": ("id", "vec", 16), "video": ("index", "observation.state", 3)}
@@ -86,19 +85,7 @@ def make_table(
     uri: str, rows: int, table: str = "samples", storage_options: dict[str, str] | None = None
 ) -> None:
     """A table of ``rows`` samples: ``id``, a 16-float ``vec`` and a float ``label``."""
-    import lancedb
-
-    rng = np.random.default_rng(0)
-    vec = rng.standard_normal((rows, 16), dtype=np.float32)
-    data = pa.table(
-        {
-            "id": np.arange(rows, dtype=np.int64),
-            "vec": pa.FixedSizeListArray.from_arrays(pa.array(vec.reshape(-1)), 16),
-            "label": vec.sum(axis=1),
-        }
-    )
-    db = lancedb.connect(uri, storage_options=storage_options)
-    db.create_table(table, data, mode="overwrite")
+    make_light_table(uri, rows, name=table, storage_options=storage_options)
 
 
 def arguments() -> argparse.ArgumentParser:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -183,27 +183,6 @@ class RankEpochPlan:
             positions = positions + ranks
         return splits, positions
 
-    def reader_order(self, worker: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(local split, position)`` of each row worker ``worker`` reads, in its order.
-
-        With at most one worker, the one reader serves the whole plan (head included);
-        with several, the head is served before the workers and each worker reads its
-        contiguous sub-block of splits, one row per split per cycle, from ``level``.
-        """
-        count = len(self.splits)
-        if self.num_workers <= 1:
-            splits, positions = self.head_order()
-            cycle_splits = np.arange(count)
-        else:
-            splits = positions = np.zeros(0, dtype=np.int64)
-            per_worker = count // self.num_workers
-            cycle_splits = np.arange(worker * per_worker, (worker + 1) * per_worker)
-        cycles = np.arange(self.level, self.split_len, dtype=np.int64)
-        return (
-            np.concatenate([splits, np.tile(cycle_splits, len(cycles))]),
-            np.concatenate([positions, np.repeat(cycles, len(cycle_splits))]),
-        )
-
     def counts_after(self, rows: int) -> list[int]:
         """Per-split consumed counts of this rank's splits after ``rows`` rows of the plan."""
         counts = list(self.start)
@@ -225,6 +204,85 @@ class RankEpochPlan:
                     self.level + cycles + (1 if offset < extra else 0)
                 )
         return counts
+
+
+@dataclass(frozen=True)
+class Run:
+    """Rows ``[start, stop)`` of split ``split``, served at ``slot`` of a window (a slice
+    or index array)."""
+
+    split: int
+    start: int
+    stop: int
+    slot: slice | np.ndarray
+
+
+@dataclass(frozen=True)
+class ReaderOrder:
+    """The ``(split, position)`` of every row one reader serves, in its order, a window at
+    a time: nothing per row of the reader's share is held.
+
+    With at most one worker, the one reader serves the whole plan (head first); with
+    several, the head is served by the main process before the workers
+    (``ReaderOrder(plan, range(0), head=True)``) and each worker reads its contiguous
+    sub-block of splits, one row per split per cycle, from ``plan.level``.
+    """
+
+    plan: RankEpochPlan
+    splits: range
+    head: bool
+
+    @classmethod
+    def of_worker(cls, plan: RankEpochPlan, worker: int) -> ReaderOrder:
+        """Worker ``worker``'s order (0 workers: the main process's reading thread)."""
+        if plan.num_workers <= 1:
+            return cls(plan, plan.splits, head=True)
+        per_worker = len(plan.splits) // plan.num_workers
+        return cls(plan, plan.splits[worker * per_worker : (worker + 1) * per_worker], False)
+
+    @cached_property
+    def _head(self) -> tuple[np.ndarray, np.ndarray]:
+        if not self.head:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        local, positions = self.plan.head_order()
+        return local + self.plan.splits.start, positions
+
+    def __len__(self) -> int:
+        cycles = self.plan.split_len - self.plan.level
+        return len(self._head[0]) + len(self.splits) * cycles
+
+    def runs(self, start: int, stop: int) -> Iterator[Run]:
+        """The rows at serving positions ``[start, stop)``, as one run per split."""
+        heads, positions = self._head
+        head = len(heads)
+        if start < head:
+            window = slice(start, min(stop, head))
+            for split in np.unique(heads[window]).tolist():
+                slot = np.flatnonzero(heads[window] == split)
+                at = positions[window][slot]  # a split's head rows are consecutive
+                yield Run(split, int(at[0]), int(at[-1]) + 1, slot)
+        first, last = max(start, head) - head, stop - head
+        if last <= first:
+            return
+        width = len(self.splits)
+        for local, split in enumerate(self.splits):
+            served = first + (local - first) % width  # its first row in the window
+            if served >= last:
+                continue
+            count = (last - 1 - served) // width + 1
+            cycle = self.plan.level + served // width
+            offset = max(start, head) - start + served - first
+            yield Run(split, cycle, cycle + count, slice(offset, offset + width * count, width))
+
+    def positions(self, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(split, position)`` of the rows at serving positions ``[start, stop)``."""
+        stop = len(self) if stop is None else stop
+        splits = np.empty(stop - start, dtype=np.int64)
+        positions = np.empty(stop - start, dtype=np.int64)
+        for run in self.runs(start, stop):
+            splits[run.slot] = run.split
+            positions[run.slot] = np.arange(run.start, run.stop)
+        return splits, positions
 
 
 def full_epoch_steps(num_splits: int, split_len: int, world_size: int, batch_size: int) -> int:

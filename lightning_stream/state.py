@@ -9,11 +9,13 @@ element-wise maximum before they are saved.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-FORMAT = 1
+# 2: the epoch order of lightning_stream.placement (1: lancedb's permutation of rows,
+# lightning-stream 0.1)
+FORMAT = 2
 # A setting recorded as left at its default (``None``), whose value follows from the data
 # (e.g. the clump size from the table's rows): the same data gives the same value.
 DEFAULT = "default"
@@ -50,13 +52,32 @@ class StreamState:
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any]) -> StreamState:
-        if record.get("format") != FORMAT:
-            raise ValueError(
-                f"unsupported stream-state format {record.get('format')!r} (this version reads"
-                f" format {FORMAT}); resume with the lightning-stream version that wrote it"
-            )
+        written = record.get("format")
+        if written != FORMAT:
+            raise ValueError(_format_message(written, record.get("provenance") or {}))
         fields = {k: v for k, v in record.items() if k != "format"}
         return cls(**fields)
+
+
+def _format_message(written: Any, provenance: Mapping[str, Any]) -> str:
+    """Why a record of another format cannot resume here, and what to do instead."""
+    release = (provenance.get("versions") or {}).get("lightning-stream")
+    release = release or ("0.1.0" if written == 1 else None)
+    wrote = f"lightning-stream {release}" if release else "another lightning-stream release"
+    this = f"this release reads stream-state format {FORMAT}"
+    if isinstance(written, int) and written > FORMAT:
+        return (
+            f"this checkpoint's data stream was written by {wrote} (stream-state format"
+            f" {written}), newer than this release; {this}. Upgrade lightning-stream to"
+            " resume it"
+        )
+    install = f"pip install 'lightning-stream=={release}'" if release else "that release"
+    return (
+        f"this checkpoint's data stream was written by {wrote} (stream-state format"
+        f" {written}); {this}, whose order of an epoch's rows differs, so the run cannot"
+        f" continue exactly here. Finish that run with the release that wrote it"
+        f" ({install}), or start a new run without ckpt_path"
+    )
 
 
 def merge(progress: Sequence[Sequence[int]]) -> list[int]:
@@ -78,12 +99,11 @@ def check_identity(
     saved: Mapping[str, Any],
     current: Mapping[str, Any],
     owner: str,
-    leave_out: Collection[str] = (),
 ) -> None:
     """Raise ``ValueError`` naming the first setting whose saved value differs (the data
-    version and ``leave_out`` aside)."""
+    version aside)."""
     for key, value in current.items():
-        if key == "version" or key in leave_out:
+        if key == "version":
             continue
         if saved.get(key) != value:
             was, now = _argument(saved.get(key)), _argument(value)

@@ -24,19 +24,12 @@ class ChunkSource(Protocol):
 
     num_splits: int
     split_len: int
-    # identity settings whose meaning depends on the data version: checked once the
-    # version a checkpoint read is pinned
-    pinned_settings: tuple[str, ...]
 
     @property
     def identity(self) -> dict[str, Any]: ...
 
     def pin(self, identity: dict[str, Any]) -> None:
         """Read exactly the data version named in a saved identity from now on."""
-
-    def saved_identity(self, identity: dict[str, Any]) -> dict[str, Any]:
-        """A saved identity in this version's terms (a setting whose default changed
-        meaning is written out as what it meant then)."""
 
     def chunks(
         self,
@@ -260,9 +253,8 @@ class ResumableStream:
                 " last checkpoint that all ranks saved"
             )
         source = self.source
-        check_identity(state.identity, source.identity, self.owner, source.pinned_settings)
+        check_identity(state.identity, source.identity, self.owner)
         source.pin(state.identity)
-        check_identity(source.saved_identity(state.identity), source.identity, self.owner)
         if len(state.consumed) != self.source.num_splits:
             raise ValueError(
                 f"the checkpoint holds {len(state.consumed)} splits but {self.owner} has"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lightning_stream import LanceDataModule
-from lightning_stream.lance.reader import held_bytes, take_rows
+from lightning_stream.lance.reader import held_bytes, take_offsets
 from lightning_stream.workers.slots import plain
 
 from .conftest import HEAVY_ROWS
@@ -116,8 +116,8 @@ def test_rows_come_back_in_the_order_asked_with_their_nulls(tmp_path):
     table = lancedb.connect(str(tmp_path)).create_table(
         "t", pa.table({"id": ids, "name": names, "blob": pa.array(blobs, pa.binary())})
     )
-    row_ids = np.random.default_rng(0).permutation(3000)  # one fragment: row id == offset
-    rows = take_rows(table, None)(row_ids)
+    row_ids = np.random.default_rng(0).permutation(3000)  # storage offsets
+    rows = take_offsets(table, None)(row_ids)
     assert rows.schema.field("blob").type == pa.binary_view()  # views over lance's buffers
     assert rows["id"].to_pylist() == row_ids.tolist()
     assert rows["name"].to_pylist() == [names[i] for i in row_ids]

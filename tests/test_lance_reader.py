@@ -13,7 +13,7 @@ from lightning_stream.lance.reader import (
     BudgetedReader,
     ReadCounters,
     held_bytes,
-    take_rows,
+    take_offsets,
 )
 from lightning_stream.lance.synthetic import heavy_rows
 
@@ -30,19 +30,16 @@ BUDGET = 2_000_000
 def serve(uri: str, window_reads: int) -> dict:
     """Every row of the heavy table through a BudgetedReader, in clumps of ``CLUMP``
     storage rows dealt to ``SPLITS`` splits and served cycling over them (as a reading
-    process serves its splits): the ids served, the row ids each read asked for, the
+    process serves its splits): the ids served, the offsets each read asked for, the
     bytes held at each table and the largest table."""
     table = lancedb.connect(uri).open_table("heavy")
-    row_ids = (
-        table.search().select(["id"]).with_row_id(True).limit(None).to_arrow()
-    ).column("_rowid").to_numpy()  # fmt: skip
     clumps = np.random.default_rng(0).permutation(HEAVY_ROWS // CLUMP)
     splits = [
         np.concatenate([np.arange(c * CLUMP, (c + 1) * CLUMP) for c in clumps[s::SPLITS]])
         for s in range(SPLITS)
     ]
     positions = np.stack(splits, axis=1).reshape(-1)  # storage positions, serving order
-    read = take_rows(table, ["id", "jpeg"])
+    read = take_offsets(table, ["id", "jpeg"])
     asked: list[np.ndarray] = []
 
     def recorded(ids: np.ndarray):
@@ -53,7 +50,7 @@ def serve(uri: str, window_reads: int) -> dict:
 
     pace = ReadPace(io_threads=6, growth=4, read_bytes=READ_BYTES, window_reads=window_reads)
     counters = ReadCounters(1)
-    reader = BudgetedReader(recorded, row_ids[positions], BUDGET, counters, 0, pace)
+    reader = BudgetedReader(recorded, positions, BUDGET, counters, 0, pace)
     served, jpegs, held, largest = [], [], [], 0
     for rows in reader.tables():
         held.append(reader.held)
@@ -72,7 +69,7 @@ def serve(uri: str, window_reads: int) -> dict:
 
 
 def runs(ids: np.ndarray) -> int:
-    """Contiguous runs of row ids in one read."""
+    """Contiguous runs of storage offsets in one read."""
     return 1 + int(np.count_nonzero(np.diff(ids) != 1))
 
 
@@ -103,7 +100,7 @@ def test_reads_not_joined_into_windows_keep_to_their_own_limit(tmp_path):
     rows = 150_000
     make_table(str(tmp_path), rows)
     table = lancedb.connect(str(tmp_path)).open_table("samples")
-    read = take_rows(table, ["id"])
+    read = take_offsets(table, ["id"])
 
     def most_at_once(lone_reads: int | None) -> tuple[int, list[int]]:
         running, most, sizes, lock = [0], [0], [], threading.Lock()

@@ -91,61 +91,21 @@ def test_resume_with_other_settings_is_refused(table_dir, checkpoint, argument, 
         _fit_module(dm, checkpoint)
 
 
-def test_a_checkpoint_of_single_rows_by_version_0_1_asks_for_them(table_dir, checkpoint, tmp_path):
-    # lightning-stream 0.1 recorded its default, single rows, as shuffle_clump_size=None
+def test_a_checkpoint_of_the_previous_format_names_the_release_to_finish_it(
+    table_dir, checkpoint, tmp_path
+):
+    # lightning-stream 0.1 wrote stream-state format 1 (lancedb's order of the rows)
     saved = torch.load(checkpoint, weights_only=False)
     for state in saved["callbacks"].values():
         if "identity" in state:
-            state["identity"]["shuffle_clump_size"] = None
+            state["format"] = 1
+            state["provenance"]["versions"]["lightning-stream"] = "0.1.0"
     old = tmp_path / "written-by-0.1.ckpt"
     torch.save(saved, old)
     dm = LanceDataModule(str(table_dir / "db"), "samples", num_splits=12, batch_size=3)
-    asked = r"saved with shuffle_clump_size=1, .* Pass shuffle_clump_size=1 to resume"
+    asked = r"written by lightning-stream 0\.1\.0 .*pip install 'lightning-stream==0\.1\.0'"
     with pytest.raises(ValueError, match=asked):
         _fit_module(dm, old)
-
-
-def test_a_checkpoint_of_eight_default_clumps_per_split_asks_for_their_size(
-    table_dir, checkpoint, tmp_path
-):
-    # checkpoints that do not record clumps_per_split were written when the default clump
-    # left 8 clumps per split: 240 rows in 12 splits meant clumps of 2 rows (now 5)
-    saved = torch.load(checkpoint, weights_only=False)
-    for state in saved["callbacks"].values():
-        if "identity" in state:
-            assert state["identity"].pop("clumps_per_split") == 4
-    old = tmp_path / "eight-clumps-per-split.ckpt"
-    torch.save(saved, old)
-    dm = LanceDataModule(str(table_dir / "db"), "samples", num_splits=12, batch_size=3)
-    with pytest.raises(ValueError, match=r"saved with shuffle_clump_size=2, .* Pass shuffle_c"):
-        _fit_module(dm, old)
-
-
-def test_an_old_checkpoint_of_a_grown_table_asks_for_the_clump_size_it_read(table_dir, tmp_path):
-    # 240 rows at the checkpoint meant clumps of 2 under the old rule; 300 rows now would
-    # mean 3: the advice and the check follow the version the checkpoint read
-    import lancedb
-
-    from lightning_stream.demo import make_table
-
-    make_table(str(table_dir / "db"), ROWS, table="grown")
-    out, _ = fit(table_dir, "grown-first", "--table", "grown", "--save-at", "4",
-                 "--max-epochs", "1")  # fmt: skip
-    table = lancedb.connect(str(table_dir / "db")).open_table("grown")
-    table.add(table.to_arrow().slice(0, 60).set_column(0, "id", [list(range(ROWS, ROWS + 60))]))
-    saved = torch.load(out / "ckpt" / "step=4.ckpt", weights_only=False)
-    for state in saved["callbacks"].values():
-        if "identity" in state:
-            del state["identity"]["clumps_per_split"]
-    old = tmp_path / "eight-clumps-per-split.ckpt"
-    torch.save(saved, old)
-    dm = LanceDataModule(str(table_dir / "db"), "grown", num_splits=12, batch_size=3)
-    with pytest.raises(ValueError, match=r"Pass shuffle_clump_size=2 to resume"):
-        _fit_module(dm, old)
-    asked = LanceDataModule(
-        str(table_dir / "db"), "grown", num_splits=12, batch_size=3, shuffle_clump_size=2
-    )
-    _fit_module(asked, old)  # the identity check passes; the rest of the epoch runs
 
 
 def test_resume_with_another_clump_size_names_the_default(table_dir, checkpoint):

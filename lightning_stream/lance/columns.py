@@ -1,18 +1,22 @@
 """Arrow rows to training batches, with one Python type per column decided once.
 
-The type of every column is decided at setup from the table's schema and, for nullable
-columns, from whether the pinned table version holds any null: the same on every rank,
-worker and epoch, whatever rows a batch happens to hold.
+The type of every column is decided at setup from the table's schema alone (nothing is
+scanned, so setup costs the same whatever the table's size): the same on every rank,
+worker and epoch, whatever rows a batch happens to hold. A numeric or list column that
+the schema declares nullable gets a validity mask; declare a column that never holds
+nulls ``nullable=False`` (``pa.field(name, type, nullable=False)`` when the table is
+created) and its batches carry no mask.
 
 ============================================  ==========================================
 Arrow type                                    batch value
 ============================================  ==========================================
 integer, float, bool                          tensor ``[rows]``
 fixed-size list of those (nested too)         tensor ``[rows, n, ...]``
-either, with nulls in the table               tensor (nulls as 0 / ``False``) and a bool
+either, declared nullable                     tensor (nulls as 0 / ``False``) and a bool
                                               tensor ``<name>_valid`` ``[rows]``
 variable-length list of numbers               list of 1-D tensors (views of one buffer);
                                               nulls as empty tensors, plus ``_valid``
+                                              when declared nullable
 string                                        list of ``str`` (``None`` for null)
 binary                                        numpy object array of ``bytes``
 anything else (struct, timestamp, ...)        list of Python values
@@ -78,25 +82,22 @@ class ColumnTypes:
     masked: frozenset[str]
 
     @classmethod
-    def of_table(cls, table: Any, columns: list[str] | None) -> ColumnTypes:
-        """Decide from ``table``'s schema and nulls (one ``IS NULL`` count per nullable
-        tensor or list column)."""
-        schema = table.schema
+    def of_schema(cls, schema: pa.Schema, columns: list[str] | None) -> ColumnTypes:
+        """Decide from the table's ``schema``: a tensor or list column declared nullable
+        carries a ``<name>_valid`` mask."""
         names = columns if columns is not None else schema.names
         kinds = {name: column_kind(schema.field(name).type) for name in names}
-        clashes = [n + VALID_SUFFIX for n in kinds if n + VALID_SUFFIX in schema.names]
         masked = frozenset(
             name
             for name, kind in kinds.items()
-            if kind in (TENSOR, VARLIST)
-            and schema.field(name).nullable
-            and table.count_rows(f"`{name}` IS NULL") > 0
+            if kind in (TENSOR, VARLIST) and schema.field(name).nullable
         )
-        clashes = [name for name in clashes if name[: -len(VALID_SUFFIX)] in masked]
+        clashes = [n + VALID_SUFFIX for n in masked if n + VALID_SUFFIX in schema.names]
         if clashes:
             raise ValueError(
                 f"columns {clashes} clash with the validity masks of nullable columns; rename"
-                " them, or leave them out with columns=[...]"
+                " them, leave them out with columns=[...], or declare the masked columns"
+                " nullable=False in the table's schema"
             )
         return cls(kinds, masked)
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from functools import cached_property
-
-import numpy as np
 
 from lightning_stream.batching import Batch
+from lightning_stream.lance.order import StorageRows
 from lightning_stream.lance.source import LanceSource
+from lightning_stream.lance.task import cut
 
 
 class EvaluationLoader:
@@ -26,17 +25,16 @@ class EvaluationLoader:
         self.world_size = world_size
         self.batch_size = batch_size
 
-    @cached_property
-    def _rows(self) -> np.ndarray:
-        # one permutation build per loader, shared by len() and every pass
-        return np.array_split(self.source.storage_rows(), self.world_size)[self.rank]
+    @property
+    def _rows(self) -> StorageRows:
+        part, longer = divmod(self.source.rows, self.world_size)
+        start = self.rank * part + min(self.rank, longer)
+        return self.source.storage_rows(start, start + part + (self.rank < longer))
 
     def __len__(self) -> int:
         return -(-len(self._rows) // self.batch_size)
 
     def __iter__(self) -> Iterator[Batch]:
         rows = self._rows
-        sizes = [self.batch_size] * (len(rows) // self.batch_size)
-        if len(rows) % self.batch_size:
-            sizes.append(len(rows) % self.batch_size)
+        sizes = cut(len(rows), self.batch_size)
         return map(self.source.batch_maker(), self.source.read_here(rows, sizes))

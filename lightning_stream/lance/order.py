@@ -1,39 +1,125 @@
-"""The order a table's rows are shuffled in: how many storage-order rows stay together.
+"""Which storage rows of a table each split holds in an epoch, in its serving order.
 
-Pure arithmetic over the table's row count and ``num_splits``, so the order of an epoch
-is a function of the stream's identity and table version alone (lancedb shuffles the
-clumps per (seed, epoch) and cuts them into equal splits).
+The selected rows (all of them, or those a ``filter`` selects: ``0 .. rows``, see
+:mod:`lightning_stream.lance.selection`) form clumps of ``clump`` consecutive rows;
+:mod:`lightning_stream.placement` puts the clumps in a seeded order per (seed, epoch),
+lays them end to end, cuts them into the splits and interleaves ``POOL_CLUMPS`` clumps
+at a time within a split. All of it is arithmetic: a reader computes the rows of its next
+window of reads when it needs them, and nothing is held per row of the table or of its
+share. Computing an order costs about 0.1 microsecond a row served (a clump is located
+by arithmetic; an interleaved group is sorted once, ``clump * POOL_CLUMPS`` rows).
 """
 
 from __future__ import annotations
 
-# Rows per clump at most. On an object store a clump is read in a few large range reads
-# and its narrow columns span several of lance's storage chunks (``bench_lance.py --s3``,
-# 20 ms: 2M light rows read 1.14-1.15x the table's bytes per epoch in clumps of 4,096,
-# 6.7-9.4x as single rows; 200k rows 1.28-1.45x in clumps of 1,024, 1.23-1.38x in 4,096).
-# On local disk lance takes storage runs at about half the CPU of scattered rows (25,000
-# rows of 22 KB: 0.8 s against 1.7 s).
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from lightning_stream.lance.selection import Selection
+from lightning_stream.placement import ClumpLayout, SplitOrder, derive_key, epoch_permutation
+from lightning_stream.plan import ReaderOrder
+
+# Rows per clump at most: a clump is read in a few large range reads (on an object store
+# about the table's bytes per epoch, where scattered rows fetch whole pages for each),
+# and lance takes a storage run at about half the CPU of scattered rows.
 CLUMP_ROWS = 4096
-# Clumps per split at least, so that a smaller table is still shuffled: a batch holds
-# rows at the same place in each of its splits' clumps, and with one clump per split it
-# would hold the same rows every epoch; with k, two such rows meet in about 1 epoch in
-# k. Four, not eight as before (CHANGELOG): 25k rows of 22 KB in 32 splits (clumps of
-# 195 rows, not 97) from an object store at 20 ms, 8 interleaved rounds: 44.5k against
-# 39.5k rows/s at 2 workers (1,269 GETs an epoch, not 1,536), S3/local 0.83 against
-# 0.70; from local disk at 0 workers 66k against 62k rows/s (scratch runs of
-# ``bench_lance.py --s3 --heavy``). Tables of 1M rows or more in 32 splits get
-# CLUMP_ROWS either way.
+# Clumps per split at least, so that a small table is still shuffled (with one clump per
+# split, a split would hold the same rows every epoch).
 CLUMPS_PER_SPLIT = 4
+# Clumps a split serves from at once: a batch then mixes up to this many clumps per split
+# it draws on, while every clump is still read front to back.
+POOL_CLUMPS = 4
 
 
-def clump_rows(
-    requested: int | None, rows: int, num_splits: int, clumps_per_split: int = CLUMPS_PER_SPLIT
-) -> int | None:
-    """Rows per shuffled clump (``None``: single rows).
+def clump_rows(requested: int | None, rows: int, num_splits: int) -> int:
+    """Rows per shuffled clump (``1``: single rows).
 
     ``requested`` is ``shuffle_clump_size``: ``None`` picks ``CLUMP_ROWS``, or fewer so
-    that every split holds at least ``clumps_per_split`` clumps; ``1`` is single rows.
+    that every split holds at least ``CLUMPS_PER_SPLIT`` clumps.
     """
     if requested is None:
-        requested = min(CLUMP_ROWS, rows // (num_splits * clumps_per_split))
-    return requested if requested > 1 else None
+        requested = min(CLUMP_ROWS, rows // (num_splits * CLUMPS_PER_SPLIT))
+    return max(1, requested)
+
+
+@dataclass(frozen=True)
+class TableOrder:
+    """The storage rows of every split of one epoch (see the module's docstring).
+
+    Args:
+        rows: selected rows of the pinned table version.
+        num_splits: splits of the epoch.
+        clump: rows per clump (1: single rows).
+        shuffle: ``False`` lays the clumps in storage order, one after another.
+        seed: the shuffle's seed.
+        epoch: the epoch.
+        selection: where the selected rows lie (``None``: every row is selected).
+    """
+
+    rows: int
+    num_splits: int
+    clump: int
+    shuffle: bool
+    seed: int
+    epoch: int
+    selection: Selection | None = None
+
+    @property
+    def split_len(self) -> int:
+        return self.rows // self.num_splits
+
+    @cached_property
+    def layout(self) -> ClumpLayout:
+        clumps = -(-self.rows // self.clump)
+        order = epoch_permutation(clumps, self.seed, self.epoch, self.shuffle)
+        return ClumpLayout(self.rows, self.clump, order)
+
+    def split(self, split: int) -> SplitOrder:
+        pool = POOL_CLUMPS if self.shuffle and self.clump > 1 else 1
+        key = derive_key(self.seed, self.epoch, split)
+        return SplitOrder(self.layout, split, self.split_len, pool, key)
+
+    def offsets(self, split: int, start: int, stop: int) -> np.ndarray:
+        """Storage offsets of the rows at positions ``[start, stop)`` of ``split``."""
+        clumps, within = self.split(split).rows(start, stop)
+        return storage_offsets(self.selection, clumps * self.clump + within)
+
+
+def storage_offsets(selection: Selection | None, selected: np.ndarray) -> np.ndarray:
+    """The storage offset of each ``selected``-th selected row."""
+    return selected if selection is None else selection.offsets(selected)
+
+
+@dataclass(frozen=True)
+class ReaderRows:
+    """One reader's storage rows of an epoch, in its serving order, computed a window at
+    a time: ``rows(start, stop)``."""
+
+    table: TableOrder
+    order: ReaderOrder
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __call__(self, start: int, stop: int) -> np.ndarray:
+        offsets = np.empty(stop - start, dtype=np.int64)
+        for run in self.order.runs(start, stop):
+            offsets[run.slot] = self.table.offsets(run.split, run.start, run.stop)
+        return offsets
+
+
+@dataclass(frozen=True)
+class StorageRows:
+    """Selected rows ``[start, stop)`` in storage order (validation, test, predict)."""
+
+    selection: Selection | None
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __call__(self, start: int, stop: int) -> np.ndarray:
+        return storage_offsets(self.selection, np.arange(self.start + start, self.start + stop))

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import lancedb
 import numpy as np
@@ -36,7 +36,7 @@ FIRST_READ_ROWS = 16
 # whole epoch before its first batch.
 WINDOW_READ_ROWS = 2**14
 
-ReadRows = Callable[[np.ndarray], pa.Table]
+ReadRows = Callable[[np.ndarray], pa.Table]  # storage offsets -> their rows, in order
 
 
 class ReadCounters:
@@ -81,26 +81,52 @@ class TableOpener:
         return table
 
 
-def take_rows(table, columns: list[str] | None) -> ReadRows:
-    """A read of rows by row id that returns them in the order asked."""
+class RowOrder(Protocol):
+    """Rows a reader serves, in order, computed a window at a time (see
+    :class:`~lightning_stream.lance.order.ReaderRows`)."""
 
-    def read(row_ids: np.ndarray) -> pa.Table:
-        query = table.take_row_ids(row_ids.tolist())
+    def __len__(self) -> int: ...
+
+    def __call__(self, start: int, stop: int) -> np.ndarray:
+        """Storage offsets of the rows served at ``[start, stop)``."""
+
+
+@dataclass(frozen=True)
+class ArrayRows:
+    """A :class:`RowOrder` held as one array of storage offsets."""
+
+    offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __call__(self, start: int, stop: int) -> np.ndarray:
+        return self.offsets[start:stop]
+
+
+def take_offsets(table, columns: list[str] | None) -> ReadRows:
+    """A read of rows by storage offset (of the table's checked-out version) that
+    returns them in the order asked."""
+
+    def read(offsets: np.ndarray) -> pa.Table:
+        order = np.argsort(offsets, kind="stable")
+        ascending = bool(np.all(order[1:] > order[:-1]))
+        asked = offsets if ascending else offsets[order]
+        query = table.take_offsets(asked.tolist())
         if columns is not None:
             query = query.select(columns)
-        rows = query.with_row_id().to_arrow()
-        if rows.num_rows != len(row_ids):
+        rows = query.to_arrow()
+        if rows.num_rows != len(offsets):
             raise RuntimeError(
-                f"lance returned {rows.num_rows} of {len(row_ids)} rows asked for: rows of the"
+                f"lance returned {rows.num_rows} of {len(offsets)} rows asked for: rows of the"
                 " pinned table version are gone (its files changed or were deleted)"
             )
-        # lance returns the rows sorted by row id
-        got = rows.column("_rowid").to_numpy()
-        rows = rows.drop_columns(["_rowid"])
-        if np.array_equal(got, row_ids):  # asked in storage order, as BudgetedReader asks
+        # lance returns the rows in storage order, as BudgetedReader asks for them
+        if ascending:
             return rows.cast(pa.schema([_with_view_type(f) for f in rows.schema]))
-        order = np.argsort(got, kind="stable")
-        return reordered(rows, order[np.searchsorted(got, row_ids, sorter=order)])
+        where = np.empty_like(order)
+        where[order] = np.arange(len(order))
+        return reordered(rows, where)
 
     return read
 
@@ -180,11 +206,12 @@ def _reordered(column: pa.ChunkedArray, where: np.ndarray) -> pa.Array:
 
 
 class BudgetedReader:
-    """Reads ``row_ids`` in order, holding at most ``budget`` bytes not yet handed out.
+    """Reads ``rows`` in order, holding at most ``budget`` bytes not yet handed out.
 
     Args:
         read: reads a sequence of row ids, returning them in that order.
-        row_ids: the rows, in serving order.
+        rows: the rows' storage offsets, in serving order: an array, or a
+            :class:`RowOrder` that computes them a window at a time.
         budget: bytes this reader may hold: windows in flight plus rows read and not yet
             handed out. One window is always allowed, so a row larger than the budget is
             still served.
@@ -196,7 +223,7 @@ class BudgetedReader:
     def __init__(
         self,
         read: ReadRows,
-        row_ids: np.ndarray,
+        rows: np.ndarray | RowOrder,
         budget: int,
         counters: ReadCounters,
         reader: int,
@@ -204,7 +231,7 @@ class BudgetedReader:
     ) -> None:
         self.read = read
         self.pace = pace
-        self.row_ids = row_ids
+        self.rows = ArrayRows(rows) if isinstance(rows, np.ndarray) else rows
         self.budget = budget
         self.counters = counters
         self.reader = reader
@@ -231,7 +258,7 @@ class BudgetedReader:
         run while the consumer works on a table."""
         pending: deque[tuple[list[Future], int, np.ndarray]] = deque()
         next_row = 0
-        total = len(self.row_ids)
+        total = len(self.rows)
         with ThreadPoolExecutor(self.pace.io_threads, thread_name_prefix="lance-read") as pool:
 
             def start_reads() -> None:
@@ -251,7 +278,7 @@ class BudgetedReader:
                     if self.held and self.held + estimate > self.budget:
                         return
                     self.read_rows = read_rows
-                    ids = self.row_ids[next_row : next_row + rows]
+                    ids = self.rows(next_row, next_row + rows)
                     # storage order: a split's runs in the window's serving slices join
                     # into one run, read at once (fewer, larger range reads)
                     order = np.argsort(ids, kind="stable")

@@ -1,32 +1,24 @@
-"""A LanceDB table as a stream source: lancedb's splits, read by a byte-bounded reader."""
+"""A LanceDB table as a stream source: our order over its clumps, read by a byte-bounded
+reader."""
 
 from __future__ import annotations
 
 import logging
 import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from typing import Any
 
 import lancedb
-import numpy as np
 import pyarrow as pa
 
 from lightning_stream.batching import Batch
 from lightning_stream.lance.columns import BatchMaker, ColumnTypes
-from lightning_stream.lance.order import CLUMPS_PER_SPLIT, clump_rows
+from lightning_stream.lance.order import ReaderRows, StorageRows, TableOrder, clump_rows
 from lightning_stream.lance.pace import LOCAL_PACE, REMOTE_PACE
-from lightning_stream.lance.reader import ReadCounters, TableOpener
-from lightning_stream.lance.splits import (
-    Drawer,
-    ReaderRows,
-    count_rows,
-    failed,
-    rank_rows,
-    split_rows,
-)
+from lightning_stream.lance.reader import ReadCounters, RowOrder, TableOpener
+from lightning_stream.lance.selection import Selection, select_rows
 from lightning_stream.lance.task import ReadJob, ReadTask, cut
-from lightning_stream.plan import RankEpochPlan
+from lightning_stream.plan import RankEpochPlan, ReaderOrder
 from lightning_stream.state import DEFAULT
 from lightning_stream.storage import is_remote, storage_error
 from lightning_stream.workers.inline import InlineReader
@@ -78,9 +70,10 @@ def open_table(
 class LanceSource:
     """Rows of a LanceDB table, split into ``num_splits`` equal splits.
 
-    ``lancedb.streaming.StreamingDataset`` decides which rows form each split of an epoch
-    (its permutation table); the rows are then read in the plan's order (the order of
-    lancedb's own loader, see :mod:`lightning_stream.plan`) by a
+    Which rows form each split of an epoch, and the order a split serves them in, is
+    :class:`~lightning_stream.lance.order.TableOrder`: arithmetic over clumps of the
+    pinned table version's rows, computed by each reader a window at a time. The rows are
+    served in the plan's order (see :mod:`lightning_stream.plan`) by a
     :class:`~lightning_stream.lance.reader.BudgetedReader` per reading process, which
     holds at most ``read_ahead_bytes`` (shared by the rank's workers) not yet handed out.
 
@@ -122,15 +115,10 @@ class LanceSource:
         self.pace = REMOTE_PACE if is_remote(uri) else LOCAL_PACE
         self.pool: WorkerPool | None = None
         self.inline: InlineReader | None = None  # num_workers=0: the reader's thread
-        self.drawer = Drawer()  # the epochs' split rows
         self._open(version)
 
     def _open(self, version: int | None) -> None:
         self.table, self.opener = open_table(self.uri, self.name, version, self.storage_options)
-        self.rows = count_rows(self.table, self.filter, self.uri, self.name)
-        self.split_len = self.rows // self.num_splits
-        # rows per clump (None: single rows), from the rows of this version
-        self.shuffle_clump_size = clump_rows(self.requested_clump_size, self.rows, self.num_splits)
         names = self.table.schema.names
         unknown = [c for c in self.columns or () if c not in names]
         if unknown:
@@ -138,7 +126,33 @@ class LanceSource:
                 f"columns={self.columns!r}: {unknown} not in table {self.name!r} (its columns:"
                 f" {names})"
             )
-        self.types = ColumnTypes.of_table(self.table, self.columns)
+        self.selection = self._select()
+        self.rows = self.selection.count if self.selection else self._count_rows()
+        self.split_len = self.rows // self.num_splits
+        # rows per clump (1: single rows), from the rows of this version
+        self.shuffle_clump_size = clump_rows(self.requested_clump_size, self.rows, self.num_splits)
+        self.types = ColumnTypes.of_schema(self.table.schema, self.columns)
+
+    def _select(self) -> Selection | None:
+        """The rows ``filter`` selects (one scan of its columns), or ``None``: all rows."""
+        if self.filter is None:
+            return None
+        try:
+            return select_rows(self.table, self.filter)
+        except Exception as exc:
+            if is_remote(self.uri) and not _names_the_query(exc):
+                raise storage_error(self.uri, exc, self.storage_options) from None
+            raise ValueError(
+                f"filter={self.filter!r} cannot be applied to table {self.name!r} in"
+                f" {self.uri!r}: {exc}. Pass a SQL predicate over the table's columns, e.g."
+                ' "label = 3"'
+            ) from exc
+
+    def _count_rows(self) -> int:
+        try:
+            return self.table.count_rows()
+        except Exception as exc:
+            raise storage_error(self.uri, exc, self.storage_options) from None
 
     @property
     def version(self) -> int:
@@ -156,32 +170,9 @@ class LanceSource:
             "shuffle_seed": self.shuffle_seed,
             # the clump size follows from the pinned version's rows; unshuffled, none
             "shuffle_clump_size": (self.requested_clump_size or DEFAULT) if self.shuffle else None,
-            # the default clump's rule (saved_identity reads checkpoints without it)
-            **({"clumps_per_split": CLUMPS_PER_SPLIT} if self.default_clumps else {}),
             "filter": self.filter,
             "columns": self.columns,
         }
-
-    # the default clump's size follows from the pinned version's rows
-    pinned_settings = ("shuffle_clump_size", "clumps_per_split")
-
-    @property
-    def default_clumps(self) -> bool:
-        return self.shuffle and self.requested_clump_size is None
-
-    def saved_identity(self, identity: dict[str, Any]) -> dict[str, Any]:
-        # lightning-stream 0.1 recorded None for its default, single rows (CHANGELOG)
-        if identity.get("shuffle") and identity.get("shuffle_clump_size", DEFAULT) is None:
-            return {**identity, "shuffle_clump_size": 1}
-        if identity.get("shuffle") and identity.get("shuffle_clump_size") == DEFAULT:
-            # checkpoints that do not record the rule left 8 clumps per split: the same
-            # rows on a large table; on a smaller one the clump size it meant, written out
-            then = identity.get("clumps_per_split", 8)
-            rows = clump_rows(None, self.rows, self.num_splits, then)
-            now = clump_rows(None, self.rows, self.num_splits)
-            written = {"shuffle_clump_size": rows or 1} if rows != now else {}
-            return {**identity, "clumps_per_split": CLUMPS_PER_SPLIT, **written}
-        return identity
 
     def pin(self, identity: dict[str, Any]) -> None:
         saved = identity["version"]
@@ -194,37 +185,27 @@ class LanceSource:
             )
             self._open(saved)
 
-    def split_rows(self, epoch: int) -> np.ndarray:
-        """Row ids of every split of ``epoch``, ``[num_splits, split_len]``, in split order:
-        the draw the readers take their rows from (:meth:`_draw`)."""
-        return self._draw(epoch).result()
+    def epoch_order(self, epoch: int) -> TableOrder:
+        """Which storage rows every split of ``epoch`` holds, in their serving order."""
+        return TableOrder(
+            rows=self.rows,
+            num_splits=self.num_splits,
+            clump=self.shuffle_clump_size,
+            shuffle=self.shuffle,
+            seed=self.shuffle_seed,
+            epoch=epoch,
+            selection=self.selection,
+        )
 
-    def _split_options(self, epoch: int) -> dict[str, Any]:
-        return {
-            "num_splits": self.num_splits,
-            "shuffle": self.shuffle,
-            "shuffle_seed": self.shuffle_seed,
-            "shuffle_clump_size": self.shuffle_clump_size if self.shuffle else None,
-            "epoch": epoch,
-            "filter": self.filter,
-            "split_len": self.split_len,
-        }
+    def storage_rows(self, start: int, stop: int) -> StorageRows:
+        """Selected rows ``[start, stop)``, in storage order."""
+        return StorageRows(self.selection, start, stop)
 
-    def storage_rows(self) -> np.ndarray:
-        """Row ids of every row ``filter`` selects, in storage order."""
-        return split_rows(
-            self.table,
-            num_splits=1,
-            shuffle=False,
-            filter=self.filter,
-            split_len=self.rows,
-        )[0]
-
-    def read_here(self, row_ids: np.ndarray, sizes: list[int]) -> Iterator[Any]:
-        """``row_ids`` read in this process, in order, as Arrow tables of ``sizes`` rows."""
+    def read_here(self, rows: RowOrder, sizes: list[int]) -> Iterator[Any]:
+        """``rows`` read in this process, in order, as Arrow tables of ``sizes`` rows."""
         task = ReadTask(self.opener, self.columns, self.read_ahead_bytes, self.pace)
         reader = task.reader_of(self.table, self.read_counters, 0)
-        return task.run(reader, ReadJob(row_ids, sizes, self.opener))
+        return task.run(reader, ReadJob(rows, sizes, self.opener))
 
     def batch_maker(self) -> BatchMaker:
         return BatchMaker(self.types, self.transform)
@@ -255,22 +236,15 @@ class LanceSource:
             yield from self._inline().serve(key, job, make.transformed, after)
             return
         pool = self.start_workers(plan.num_workers)
-        drawn = self._draw(epoch)
-        following = upcoming and self._draw(upcoming[0])
         if plan.num_workers > 1:
-            rows = rank_rows(drawn, plan)
-            splits, positions = plan.head_order()
-            for table in self.read_here(rows[splits, positions], cut(len(splits), plan.batch_size)):
+            head = ReaderRows(self.epoch_order(epoch), ReaderOrder(plan, range(0), head=True))
+            for table in self.read_here(head, cut(len(head), plan.batch_size)):
                 pool.ready()  # a worker that failed to start says so now
                 yield make(table)
         try:
-            jobs = self._worker_jobs(epoch, plan, drawn)
-            for batch in pool.serve(*jobs, lambda sent: _made(sent, make)):
-                yield batch
-                if following and following.done():
-                    if not failed(following):  # begun once this one is read
-                        pool.queue(*self._worker_jobs(*upcoming, following))
-                    following = None
+            after = upcoming and self._worker_jobs(*upcoming)
+            jobs = self._worker_jobs(epoch, plan)
+            yield from pool.serve(*jobs, lambda sent: _made(sent, make), after)
         except WorkerDied as exc:
             self.stop_workers()
             raise RuntimeError(
@@ -281,28 +255,21 @@ class LanceSource:
         finally:
             self._take_worker_counters()
 
-    def _draw(self, epoch: int) -> Future:
-        """The split rows of ``epoch``, drawn on the drawer's thread (once): the next
-        epoch's while this one is served."""
-        return self.drawer.draw((self.version, epoch), self.table, self._split_options(epoch))
-
-    def _worker_jobs(
-        self, epoch: int, plan: RankEpochPlan, drawn: Future
-    ) -> tuple[tuple, list[ReadJob]]:
-        """The key of ``epoch`` under ``plan`` and each worker's job, from its draw."""
+    def _worker_jobs(self, epoch: int, plan: RankEpochPlan) -> tuple[tuple, list[ReadJob]]:
+        """The key of ``epoch`` under ``plan`` and each worker's job."""
         # without a transform the main process makes every batch from the Arrow rows
         make = self.batch_maker() if self.transform is not None else None
+        order = self.epoch_order(epoch)
         jobs = []
         for worker in range(plan.num_workers):
-            served = ReaderRows(drawn, plan, worker)()
-            jobs.append(ReadJob(served, cut(len(served), plan.batch_size), self.opener, make))
+            rows = ReaderRows(order, ReaderOrder.of_worker(plan, worker))
+            jobs.append(ReadJob(rows, cut(len(rows), plan.batch_size), self.opener, make))
         return (self.version, epoch, plan), jobs
 
     def _inline_job(self, epoch: int, plan: RankEpochPlan) -> tuple[tuple, ReadJob]:
-        """The key and job of ``epoch`` under ``plan`` at 0 workers: its rows taken from
-        their draw when the reading thread starts it, its batches made there without the
-        transform."""
-        rows = ReaderRows(self._draw(epoch), plan, 0)
+        """The key and job of ``epoch`` under ``plan`` at 0 workers: its batches made on
+        the reading thread without the transform."""
+        rows = ReaderRows(self.epoch_order(epoch), ReaderOrder.of_worker(plan, 0))
         job = ReadJob(rows, plan.sizes, self.opener, BatchMaker(self.types, None))
         return (self.version, epoch, plan), job
 
@@ -338,7 +305,13 @@ class LanceSource:
         if self.pool is not None:
             pool, self.pool = self.pool, None
             pool.close()
-        self.drawer.close()
+
+
+def _names_the_query(exc: Exception) -> bool:
+    """Whether lance refused the query itself (a column or a syntax it does not know)
+    rather than failing to read the store."""
+    text = str(exc).lower()
+    return any(word in text for word in ("schema", "column", "sql", "parse", "field", "type"))
 
 
 def _made(sent: Any, make: BatchMaker) -> Batch:

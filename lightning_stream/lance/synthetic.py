@@ -7,6 +7,25 @@ import numpy as np
 import pyarrow as pa
 
 EMBEDDING_DIM = 512
+# columns that never hold a null are declared so: their batches carry no validity mask
+HEAVY_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("caption", pa.string(), nullable=False),
+        pa.field("jpeg", pa.binary(), nullable=False),
+        pa.field("label", pa.int64()),
+        pa.field("rare", pa.int64()),
+        pa.field("tokens", pa.list_(pa.float32())),
+        pa.field("embedding", pa.list_(pa.float32(), EMBEDDING_DIM), nullable=False),
+    ]
+)
+LIGHT_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("vec", pa.list_(pa.float32(), 16), nullable=False),
+        pa.field("label", pa.float32(), nullable=False),
+    ]
+)
 
 
 def heavy_rows(start: int, count: int, blob_bytes: int, seed: int = 0) -> pa.Table:
@@ -38,7 +57,8 @@ def heavy_rows(start: int, count: int, blob_bytes: int, seed: int = 0) -> pa.Tab
             "rare": pa.array(ids % 5, mask=np.isin(ids, [3, 7])),
             "tokens": tokens,
             "embedding": embedding,
-        }
+        },
+        schema=HEAVY_SCHEMA,
     )
 
 
@@ -57,3 +77,37 @@ def make_heavy_table(
         else:
             table.add(part)
     return written
+
+
+def light_rows(start: int, count: int, seed: int = 0) -> pa.Table:
+    """Rows ``start .. start + count`` of the light table (deterministic per row range):
+    ``id`` (int64), ``vec`` (16 float32) and ``label`` (float32, the sum of ``vec``);
+    76 bytes a row."""
+    vec = np.random.default_rng([seed, start]).standard_normal((count, 16), dtype=np.float32)
+    return pa.table(
+        {
+            "id": np.arange(start, start + count, dtype=np.int64),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(vec.reshape(-1)), 16),
+            "label": vec.sum(axis=1),
+        },
+        schema=LIGHT_SCHEMA,
+    )
+
+
+def make_light_table(
+    uri: str,
+    rows: int,
+    *,
+    name: str = "light",
+    chunk: int = 2**20,
+    storage_options: dict[str, str] | None = None,
+) -> None:
+    """Write ``rows`` light rows to table ``name`` at ``uri``, ``chunk`` rows per write."""
+    db = lancedb.connect(uri, storage_options=storage_options)
+    table = None
+    for start in range(0, rows, chunk):
+        part = light_rows(start, min(chunk, rows - start))
+        if table is None:
+            table = db.create_table(name, part, mode="overwrite")
+        else:
+            table.add(part)

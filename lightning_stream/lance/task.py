@@ -26,8 +26,9 @@ from lightning_stream.lance.pace import ReadPace
 from lightning_stream.lance.reader import (
     BudgetedReader,
     ReadCounters,
+    RowOrder,
     TableOpener,
-    take_rows,
+    take_offsets,
 )
 
 
@@ -41,13 +42,14 @@ def cut(rows: int, batch_size: int) -> list[int]:
 class ReadJob:
     """One reader's rows of one epoch, in serving order, and the sizes to cut them into.
 
-    ``rows``: the row ids, or (on the main process's reading thread) a function that
-    returns them when the job starts (:class:`~lightning_stream.lance.splits.ReaderRows`).
-    ``opener`` names the table version (a resume pins the one its checkpoint read);
-    ``make``, when set, turns the rows into the batch in the reader (a ``transform``).
+    ``rows``: their storage offsets, computed a window at a time
+    (:class:`~lightning_stream.lance.order.ReaderRows`: a few numbers, whatever the
+    table's size, are sent to a worker). ``opener`` names the table version (a resume
+    pins the one its checkpoint read); ``make``, when set, turns the rows into the batch
+    in the reader (a ``transform``).
     """
 
-    rows: np.ndarray | Callable[[], np.ndarray]
+    rows: np.ndarray | RowOrder
     sizes: list[int]
     opener: TableOpener
     make: Callable[[pa.Table], Any] | None = None
@@ -81,10 +83,9 @@ class ReadTask:
     def run(self, state: _Reader, job: ReadJob) -> Iterator[Any]:
         if job.opener != state.opener:  # a resume pins another version
             state.opener, state.table = job.opener, job.opener()
-        rows = job.rows if isinstance(job.rows, np.ndarray) else job.rows()
         reader = BudgetedReader(
-            take_rows(state.table, self.columns),
-            rows,
+            take_offsets(state.table, self.columns),
+            job.rows,
             self.budget,
             state.counters,
             state.row,

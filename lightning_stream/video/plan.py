@@ -1,16 +1,17 @@
 """Which frame is the anchor of which sample, per split and epoch: pure arithmetic.
 
 Each epoch the episodes are put in a seeded order and their frames, laid end to end, are
-cut into ``num_splits`` contiguous runs of exactly ``total // num_splits`` frames, so the
-splits are balanced by frame count whatever the world size or worker count; the last
-``total % num_splits`` frames of that order are left out of the epoch. A split's run is
-made of pieces (contiguous frames of one episode), cut into chunks of at most
-``chunk_frames`` anchors (the byte budget sets it: :func:`chunk_frames`). Its anchor
-order is a pure function of ``(seed, epoch, split)`` and the chunk length: a pool of
-``pool_size`` resident chunks, each step taking the next anchor of a random resident
-chunk (anchors within a chunk in a seeded random order), a finished chunk replaced by a
-random one of the split's others. So the frames of ``pool_size`` chunks per split are
-needed at a time, and each chunk is fetched and decoded once per epoch.
+cut into ``num_splits`` contiguous runs of exactly ``total // num_splits`` frames
+(:mod:`lightning_stream.placement`), so the splits are balanced by frame count whatever
+the world size or worker count; the last ``total % num_splits`` frames of that order are
+left out of the epoch. A split's run is made of pieces (contiguous frames of one
+episode), cut into chunks of at most ``chunk_frames`` anchors (the byte budget sets it:
+:func:`chunk_frames`). Its anchor order is a pure function of ``(seed, epoch, split)``
+and the chunk length: a pool of ``pool_size`` resident chunks, each step taking the next
+anchor of a random resident chunk (anchors within a chunk in a seeded random order), a
+finished chunk replaced by a random one of the split's others. So the frames of
+``pool_size`` chunks per split are needed at a time, and each chunk is fetched and
+decoded once per epoch.
 
 Windows: a ``delta`` in seconds must lie on the fps grid within ``tolerance_s`` (as
 LeRobot's ``check_delta_timestamps``: ``|delta * fps - round(delta * fps)| / fps <=
@@ -26,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from lightning_stream.placement import LengthLayout, epoch_permutation, split_pieces
 
 
 @dataclass(frozen=True)
@@ -47,25 +50,20 @@ def _rng(seed: int, epoch: int, split: int = -1) -> np.random.Generator:
 def cut_splits(
     lengths: Sequence[int], num_splits: int, seed: int, epoch: int
 ) -> tuple[list[list[Piece]], int]:
-    """The pieces of every split for ``epoch``, and the frames per split."""
+    """The pieces of every split for ``epoch``, and the frames per split: the episodes
+    laid end to end in their order of ``epoch`` (:mod:`lightning_stream.placement`)."""
     total = int(sum(lengths))
     split_len = total // num_splits
     if split_len == 0:
         raise ValueError(
             f"{total} frames cannot fill num_splits={num_splits} splits; lower num_splits"
         )
-    order = _rng(seed, epoch).permutation(len(lengths))
-    splits: list[list[Piece]] = [[] for _ in range(num_splits)]
-    split, room = 0, split_len
-    for episode in order.tolist():
-        start = 0
-        while start < lengths[episode] and split < num_splits:
-            take = min(room, lengths[episode] - start)
-            splits[split].append(Piece(episode, start, start + take))
-            start += take
-            room -= take
-            if room == 0:
-                split, room = split + 1, split_len
+    order = epoch_permutation(len(lengths), seed, epoch, shuffle=True)
+    layout = LengthLayout(tuple(int(n) for n in lengths), order)
+    splits = [
+        [Piece(*piece) for piece in split_pieces(layout, split, split_len)]
+        for split in range(num_splits)
+    ]
     return splits, split_len
 
 

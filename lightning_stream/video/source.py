@@ -48,8 +48,6 @@ def to_tensors(batch: dict[str, Any]) -> Batch:
 class VideoSource:
     """Episodes of a LeRobot v3 dataset, as ``num_splits`` equal splits of anchors."""
 
-    pinned_settings = ()  # the manifest pins the files; no setting's meaning depends on it
-
     def __init__(self, spec: VideoSpec) -> None:
         self.reader = EpisodeReader(spec)
         check_video_files(self.reader.dataset)
@@ -134,9 +132,6 @@ class VideoSource:
             "byte_budget_gb": spec.byte_budget_gb,
             "drop_n_last_frames": spec.drop_n_last_frames,
         }
-
-    def saved_identity(self, identity: dict[str, Any]) -> dict[str, Any]:
-        return identity
 
     def pin(self, identity: dict[str, Any]) -> None:
         if identity["version"] != self.manifest:

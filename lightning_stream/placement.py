@@ -1,0 +1,288 @@
+"""Which rows of an epoch each split holds, and the order a split serves them in.
+
+Pure arithmetic over integers and numpy arrays, no I/O, for both data modules: the
+*items* of a stream (clumps of storage-order rows of a table, episodes of a video
+dataset) are laid end to end in a seeded order per ``(seed, epoch)`` and cut into
+``num_splits`` runs of exactly ``total // num_splits`` rows; the last ``total %
+num_splits`` rows of that order are the epoch's surplus. The item order is a seeded
+bijection evaluated per index (:class:`Permutation`), so a rank computes the rows of its
+own splits, and only those, with nothing held per item or per row of the whole stream
+(clumps of equal size are located by arithmetic; episodes of unequal length by one
+array of their starts).
+
+Within a split, rows are served from a pool of ``pool`` items at once
+(:class:`SplitOrder`): the split's consecutive items are taken ``pool`` at a time and
+each group's rows are interleaved in a seeded random order, each item's rows staying in
+storage order. So a batch mixes ``pool`` times as many items as it has splits, while a
+reader still fetches every item front to back, each byte once. A split's order is a
+pure function of ``(seed, epoch, split)`` and the stream's length: the same on every
+world size and worker count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+_MASK = 2**64 - 1
+_M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 arrays (products wrap modulo 2**64)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(_M1)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(_M2)
+    return x ^ (x >> np.uint64(31))
+
+
+def derive_key(*parts: int) -> int:
+    """A 64-bit key from integers (seed, epoch, split, ...): the same on every machine."""
+    key = 0x9E3779B97F4A7C15
+    for part in parts:
+        x = (key ^ (part & _MASK)) & _MASK
+        x = ((x ^ (x >> 30)) * _M1) & _MASK
+        x = ((x ^ (x >> 27)) * _M2) & _MASK
+        key = ((x ^ (x >> 31)) + 0x9E3779B97F4A7C15) & _MASK
+    return key
+
+
+@dataclass(frozen=True)
+class Permutation:
+    """A seeded bijection of ``[0, size)``, evaluated per index.
+
+    A balanced Feistel network over the smallest even power of two that holds ``size``,
+    applied again to an index that falls outside (cycle walking: fewer than 4 passes
+    expected). Costs O(1) memory whatever ``size``: a billion single rows are shuffled
+    without an array of a billion entries.
+    """
+
+    size: int
+    key: int
+    rounds: int = 6
+
+    @cached_property
+    def _half(self) -> int:
+        return max(1, (max(self.size - 1, 1).bit_length() + 1) // 2)
+
+    @cached_property
+    def _keys(self) -> list[np.uint64]:
+        return [np.uint64(derive_key(self.key, r)) for r in range(self.rounds)]
+
+    def _rounds(self, x: np.ndarray, keys: list[np.uint64], forward: bool) -> np.ndarray:
+        half = np.uint64(self._half)
+        mask = np.uint64((1 << self._half) - 1)
+        left, right = x >> half, x & mask
+        for key in keys:
+            if forward:
+                left, right = right, left ^ (_mix(right ^ key) & mask)
+            else:
+                left, right = right ^ (_mix(left ^ key) & mask), left
+        return (left << half) | right
+
+    def _walk(self, index: np.ndarray, forward: bool) -> np.ndarray:
+        keys = self._keys if forward else self._keys[::-1]
+        x = np.asarray(index, dtype=np.int64).astype(np.uint64)
+        if self.size <= 1:
+            return x.astype(np.int64)
+        x = self._rounds(x, keys, forward)
+        outside = np.flatnonzero(x >= np.uint64(self.size))
+        while len(outside):
+            x[outside] = self._rounds(x[outside], keys, forward)
+            outside = outside[x[outside] >= np.uint64(self.size)]
+        return x.astype(np.int64)
+
+    def __call__(self, index: np.ndarray) -> np.ndarray:
+        """The item at each position ``index``."""
+        return self._walk(index, forward=True)
+
+    def inverse(self, item: np.ndarray) -> np.ndarray:
+        """The position of each item."""
+        return self._walk(item, forward=False)
+
+
+class Layout:
+    """Items laid end to end: where each position starts, and which item it holds."""
+
+    total: int  # rows of all items
+
+    def start(self, position: np.ndarray) -> np.ndarray:
+        """The laid offset of each position's first row (``total`` past the last)."""
+        raise NotImplementedError
+
+    def locate(self, offset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The position holding each laid offset, and the offset's row within its item."""
+        raise NotImplementedError
+
+    def item(self, position: np.ndarray) -> np.ndarray:
+        """The item at each position."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ClumpLayout(Layout):
+    """``total`` rows in clumps of ``size`` (the last one shorter when ``size`` does not
+    divide), item ``i`` holding rows ``[i * size, (i + 1) * size)``, laid in the order of
+    ``permutation`` (``None``: storage order). Located by arithmetic: nothing per clump."""
+
+    total: int
+    size: int
+    permutation: Permutation | None
+
+    @cached_property
+    def count(self) -> int:
+        return -(-self.total // self.size)
+
+    @cached_property
+    def _short(self) -> int:
+        """Rows the last clump lacks."""
+        return self.count * self.size - self.total
+
+    @cached_property
+    def _short_position(self) -> int:
+        """Where the last (short) clump lies."""
+        last = np.asarray([self.count - 1])
+        return int(self.permutation.inverse(last)[0]) if self.permutation else self.count - 1
+
+    def start(self, position: np.ndarray) -> np.ndarray:
+        position = np.asarray(position, dtype=np.int64)
+        return position * self.size - self._short * (position > self._short_position)
+
+    def locate(self, offset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        offset = np.asarray(offset, dtype=np.int64)
+        short_start = self._short_position * self.size
+        position = np.where(
+            offset < short_start + self.size - self._short,
+            np.minimum(offset // self.size, self._short_position),
+            (offset + self._short) // self.size,
+        )
+        return position, offset - self.start(position)
+
+    def item(self, position: np.ndarray) -> np.ndarray:
+        position = np.asarray(position, dtype=np.int64)
+        return self.permutation(position) if self.permutation else position
+
+
+@dataclass(frozen=True)
+class LengthLayout(Layout):
+    """Items of the given ``lengths`` (episodes), laid in the order of ``permutation``
+    (``None``: as given); one array of starts, a position each."""
+
+    lengths: tuple[int, ...]
+    permutation: Permutation | None
+
+    @cached_property
+    def _order(self) -> np.ndarray:
+        positions = np.arange(len(self.lengths), dtype=np.int64)
+        return self.permutation(positions) if self.permutation else positions
+
+    @cached_property
+    def _starts(self) -> np.ndarray:
+        laid = np.asarray(self.lengths, dtype=np.int64)[self._order]
+        return np.concatenate([[0], np.cumsum(laid)])
+
+    @property
+    def total(self) -> int:
+        return int(sum(self.lengths))
+
+    def start(self, position: np.ndarray) -> np.ndarray:
+        return self._starts[np.minimum(np.asarray(position, dtype=np.int64), len(self.lengths))]
+
+    def locate(self, offset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        offset = np.asarray(offset, dtype=np.int64)
+        # "right": an empty item shares its start with the next one, which holds the row
+        position = np.searchsorted(self._starts, offset, side="right") - 1
+        return position, offset - self._starts[position]
+
+    def item(self, position: np.ndarray) -> np.ndarray:
+        return self._order[np.asarray(position, dtype=np.int64)]
+
+
+def epoch_permutation(count: int, seed: int, epoch: int, shuffle: bool) -> Permutation | None:
+    """The item order of ``epoch``: seeded per ``(seed, epoch)``, or none unshuffled."""
+    return Permutation(count, derive_key(seed, epoch)) if shuffle else None
+
+
+@dataclass(frozen=True)
+class SplitOrder:
+    """The rows of split ``split`` of ``layout`` cut into splits of ``split_len``, in the
+    order the split serves them.
+
+    Args:
+        layout: the epoch's items, laid end to end.
+        split: the split.
+        split_len: rows in every split.
+        pool: items served at once (1: one after another).
+        key: seeds the interleaving of each group of ``pool`` items.
+        shuffle_within: serve each item's rows in a random order too (decoded video
+            frames are resident as a whole) instead of storage order.
+    """
+
+    layout: Layout
+    split: int
+    split_len: int
+    pool: int = 1
+    key: int = 0
+    shuffle_within: bool = False
+    _first: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        first = self.layout.locate(np.asarray([self.split * self.split_len]))[0]
+        object.__setattr__(self, "_first", int(first[0]))
+
+    def _piece(self, row: np.ndarray) -> np.ndarray:
+        """The split's piece (its ``k``-th item) holding each of its rows."""
+        return self.layout.locate(self.split * self.split_len + row)[0] - self._first
+
+    def _group_bounds(self, group: int) -> tuple[int, int]:
+        """The rows of the split that group ``group`` of pieces covers."""
+        piece = self._first + group * self.pool
+        starts = self.layout.start(np.asarray([piece, piece + self.pool]))
+        low = self.split * self.split_len
+        return max(int(starts[0]) - low, 0), min(int(starts[1]) - low, self.split_len)
+
+    def sequence(self, start: int, stop: int) -> np.ndarray:
+        """The rows served at positions ``[start, stop)`` of the split, as rows of the
+        split laid in item order (``0 .. split_len``)."""
+        if self.pool <= 1 or stop <= start:
+            return np.arange(start, stop, dtype=np.int64)
+        first_group = int(self._piece(np.asarray([start]))[0]) // self.pool
+        last_group = int(self._piece(np.asarray([stop - 1]))[0]) // self.pool
+        low = self._group_bounds(first_group)[0]
+        high = self._group_bounds(last_group)[1]
+        rows = np.arange(low, high, dtype=np.int64)
+        pieces = self._piece(rows)
+        keys = _mix(rows.astype(np.uint64) ^ np.uint64(self.key))
+        served = rows[np.lexsort((keys, pieces // self.pool))]
+        if not self.shuffle_within:
+            # the k-th time a piece is served it gives its k-th row: storage order
+            ordered = np.empty_like(rows)
+            ordered[np.argsort(pieces[served - low], kind="stable")] = rows
+            served = ordered
+        return served[start - low : stop - low]
+
+    def rows(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(item, row within the item)`` of the rows at positions ``[start, stop)``."""
+        laid = self.split * self.split_len + self.sequence(start, stop)
+        position, within = self.layout.locate(laid)
+        return self.layout.item(position), within
+
+
+def split_pieces(layout: Layout, split: int, split_len: int) -> list[tuple[int, int, int]]:
+    """``(item, start, stop)`` of each item part in split ``split``, in laid order."""
+    low, high = split * split_len, (split + 1) * split_len
+    first, _ = layout.locate(np.asarray([low]))
+    last, _ = layout.locate(np.asarray([high - 1]))
+    positions = np.arange(first[0], last[0] + 1)
+    starts = layout.start(positions)
+    ends = layout.start(positions + 1)
+    items = layout.item(positions)
+    pieces = []
+    for item, begin, end in zip(items.tolist(), starts.tolist(), ends.tolist(), strict=True):
+        lo, hi = max(begin, low), min(end, high)
+        if hi > lo:
+            pieces.append((item, lo - begin, hi - begin))
+    return pieces
