@@ -50,21 +50,10 @@ ROWS_PER_BLOCK = 1000
 
 
 def make_table(uri: str, rows: int, storage_options: dict[str, str] | None = None) -> None:
-    import lancedb
-    import numpy as np
-    import pyarrow as pa
+    """The light table ``bench``, written in one ``create_table`` call."""
+    from lightning_stream.lance.synthetic import make_light_table
 
-    rng = np.random.default_rng(0)
-    vec = rng.standard_normal((rows, 16), dtype=np.float32)
-    data = pa.table(
-        {
-            "id": np.arange(rows, dtype=np.int64),
-            "vec": pa.FixedSizeListArray.from_arrays(pa.array(vec.reshape(-1)), 16),
-            "label": rng.integers(0, 10, rows),
-        }
-    )
-    db = lancedb.connect(uri, storage_options=storage_options)
-    db.create_table("bench", data, mode="overwrite")
+    make_light_table(uri, rows, name="bench", chunk=rows, storage_options=storage_options)
 
 
 def tensor_rows(batch):
@@ -195,6 +184,14 @@ def main() -> None:
     parser.add_argument(
         "--json", type=Path, metavar="PATH", help="also write the reported figures to PATH"
     )
+    parser.add_argument(
+        "--trainer", action="store_true", help="--s3: every epoch inside Trainer.fit"
+    )
+    parser.add_argument(
+        "--moto-ranges",
+        action="store_true",
+        help="--s3: moto's own server answers the range reads (default: the test store's front)",
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--uri", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -213,7 +210,8 @@ def main() -> None:
         figures = {"run": "s3", **lance_s3.main(kind, rows, args.batch_size, args.rounds,
                                                 args.latency_ms, args.bandwidth_mb_s,
                                                 args.before, settings, args.step_ms,
-                                                args.store_cores)}  # fmt: skip
+                                                args.store_cores, args.trainer,
+                                                args.moto_ranges)}  # fmt: skip
     elif args.heavy:
         import lance_heavy
 

@@ -61,11 +61,12 @@ def items(spec: tuple[str, int, int, int]):
 
     kind, start, count, total = spec
     if kind == "light":
-        rng = np.random.default_rng(0)  # make_table's draws, in its order
-        vec = rng.standard_normal((total, 16), dtype=np.float32)
-        label = rng.integers(0, 10, total)
-        for i in range(start, start + count):
-            yield {"id": i, "vec": vec[i], "label": int(label[i])}
+        from lightning_stream.lance.synthetic import light_rows
+
+        rows = light_rows(0, total).slice(start, count)  # make_table writes rows 0 .. total
+        vec = rows["vec"].flatten().to_numpy().reshape(-1, 16)
+        for i, label in enumerate(rows["label"].to_numpy()):
+            yield {"id": start + i, "vec": vec[i], "label": float(label)}
         return
     from lightning_stream.lance.synthetic import heavy_rows
 

@@ -100,13 +100,16 @@ def _epoch(dm, step_ms: float, at_first_batch) -> tuple[float, list, list]:
     return start, stamps, ids
 
 
-def epoch(config: str, uri: str, endpoint: str, batch_size: int, step_ms: float = 0) -> dict:
+def epoch(
+    config: str, uri: str, endpoint: str, batch_size: int, step_ms: float = 0, trainer: bool = False
+) -> dict:
     """Two epochs of configuration ``setting:workers:store``, in this (fresh) process,
     each batch followed by a wait of ``step_ms``: the first measured in full, the next for
-    its rows/s."""
+    its rows/s. ``trainer``: inside ``Trainer.fit`` (``max_epochs=2``), the batches timed
+    as they reach ``training_step``; otherwise a loop over the loader."""
     sys.path.insert(0, str(ROOT))
     from lightning_stream import LanceDataModule
-    from tests.s3_server import bytes_served, cpu_seconds, requests_served, storage_options
+    from tests.s3_server import storage_options
 
     setting, workers, store = config.split(":")
     name = TABLES[Path(uri).name]
@@ -118,57 +121,127 @@ def epoch(config: str, uri: str, endpoint: str, batch_size: int, step_ms: float 
         uri, name, num_splits=NUM_SPLITS, batch_size=batch_size, num_workers=int(workers),
         storage_options=options, **SETTINGS[setting],
     )  # fmt: skip
-    first: dict[str, float] = {}
-
-    def at_first_batch() -> None:
-        first["rss"] = rss.peak
-        first["host_cpu"] = host_busy_cpu_s()
-        first["store_cpu"] = cpu_seconds(endpoint) if options else 0.0
-
+    probe = _Probe(endpoint if options else None)
     with PeakRss() as rss:
-        dm.setup("fit")
-        dm.stream.last_epoch = 1  # two epochs, as under Trainer(max_epochs=2)
-        if options:
-            bytes_served(endpoint, reset=True)
-            store_cpu = cpu_seconds(endpoint)
-        cpu = time.process_time()
-        start, stamps, ids = _epoch(dm, step_ms, at_first_batch)
+        probe.rss = rss
+        result = _fit(dm, probe, step_ms) if trainer else _loop(dm, probe, step_ms)
+    result["peak_rss_mb"] = rss.peak
+    result["peak_above_first_mb"] = rss.peak - probe.at_first["rss"]
+    dm.teardown("fit")
+    return result
+
+
+class _Probe:
+    """What the store and the host have done: noted at an epoch's start, at its first batch
+    and at its end (``endpoint``: the S3 server's; ``None``: a local run)."""
+
+    def __init__(self, endpoint: str | None) -> None:
+        self.endpoint = endpoint
+        self.rss = None
+        self.at_first: dict[str, float] = {}
+        self.result: dict = {}
+
+    def epoch_started(self) -> None:
+        from tests.s3_server import bytes_served, cpu_seconds
+
+        self.cpu = time.process_time()
+        if self.endpoint:
+            bytes_served(self.endpoint, reset=True)
+            self.store_cpu = cpu_seconds(self.endpoint)
+
+    def first_batch(self) -> None:
+        from tests.s3_server import cpu_seconds
+
+        self.at_first = {
+            "rss": self.rss.peak,
+            "host_cpu": host_busy_cpu_s(),
+            "store_cpu": cpu_seconds(self.endpoint) if self.endpoint else 0.0,
+        }
+
+    def epoch_ended(self, start: float, stamps: list, ids: list) -> dict:
+        """The first epoch's figures."""
+        from tests.s3_server import bytes_served, cpu_seconds, requests_served
+
         elapsed = time.perf_counter() - start
         result = {
             **rates(start, stamps),
             "first_batch_s": stamps[0][0] - start,
             "rows": len(ids),
             "blocks_per_64": blocks_per_rows(ids),
-            "cpu_s": time.process_time() - cpu,
-            "host_cpu_after_first_s": host_busy_cpu_s() - first["host_cpu"],
+            "cpu_s": time.process_time() - self.cpu,
+            "host_cpu_after_first_s": host_busy_cpu_s() - self.at_first["host_cpu"],
             "wall_after_first_s": stamps[-1][0] - stamps[0][0],
         }
-        if options:
-            store_cpu_now = cpu_seconds(endpoint)
-            result["store_cpu_s"] = store_cpu_now - store_cpu
-            result["store_cpu_after_first_s"] = store_cpu_now - first["store_cpu"]
-            gets = requests_served(endpoint)
-            result["bytes"] = bytes_served(endpoint)
+        if self.endpoint:
+            store_cpu_now = cpu_seconds(self.endpoint)
+            result["store_cpu_s"] = store_cpu_now - self.store_cpu
+            result["store_cpu_after_first_s"] = store_cpu_now - self.at_first["store_cpu"]
+            gets = requests_served(self.endpoint)
+            result["bytes"] = bytes_served(self.endpoint)
             result["gets"] = len(gets)
             result["median_get_kb"] = statistics.median(g[2] for g in gets) / 1024 if gets else 0
             result["in_flight"] = sum(g[1] for g in gets) / elapsed
-        start, stamps, _ = _epoch(dm, step_ms, lambda: None)
-        result["next_epoch"] = rates(start, stamps)
-        if options:
-            result["next_epoch"]["bytes"] = bytes_served(endpoint) - result["bytes"]
-    result["peak_rss_mb"] = rss.peak
-    result["peak_above_first_mb"] = rss.peak - first["rss"]
-    dm.teardown("fit")
+        return result
+
+    def next_epoch(self, start: float, stamps: list, first: dict) -> dict:
+        from tests.s3_server import bytes_served
+
+        figures = rates(start, stamps)
+        if self.endpoint:
+            figures["bytes"] = bytes_served(self.endpoint) - first["bytes"]
+        return figures
+
+
+def _loop(dm, probe: _Probe, step_ms: float) -> dict:
+    dm.setup("fit")
+    dm.stream.last_epoch = 1  # two epochs, as under Trainer(max_epochs=2)
+    probe.epoch_started()
+    start, stamps, ids = _epoch(dm, step_ms, probe.first_batch)
+    result = probe.epoch_ended(start, stamps, ids)
+    start, stamps, _ = _epoch(dm, step_ms, lambda: None)
+    result["next_epoch"] = probe.next_epoch(start, stamps, result)
     return result
+
+
+def _fit(dm, probe: _Probe, step_ms: float) -> dict:
+    import lightning.pytorch as pl
+    from lightning_parts import NoOpModel, quiet_trainer
+
+    class Probing(pl.Callback):
+        def on_train_epoch_start(self, trainer, module) -> None:
+            if trainer.current_epoch == 0:
+                probe.epoch_started()
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+            if trainer.current_epoch == 0 and batch_idx == 0:
+                probe.first_batch()
+
+        def on_train_epoch_end(self, trainer, module) -> None:
+            epoch = trainer.current_epoch
+            if epoch == 0:
+                probe.result = probe.epoch_ended(module.starts[0], module.stamps[0], module.ids[0])
+            else:
+                probe.result["next_epoch"] = probe.next_epoch(
+                    module.starts[1], module.stamps[1], probe.result
+                )
+
+    model = NoOpModel(step_ms)
+    quiet_trainer(max_epochs=2, callbacks=[Probing()]).fit(model, datamodule=dm)
+    return probe.result
 
 
 def main(kind: str, rows: int, batch_size: int, rounds: int, latency_ms: float,
          bandwidth_mb_s: float | None, before: Path | None = None,
          settings: list[str] | None = None, step_ms: float = 0,
-         store_cores: int = 0) -> dict:  # fmt: skip
+         store_cores: int = 0, trainer: bool = False,
+         moto_ranges: bool = False) -> dict:  # fmt: skip
     """Runs every configuration, prints the report, and returns its figures.
 
     ``settings``: names of ``SETTINGS`` to run (default: all).
+
+    ``trainer``: every epoch inside ``Trainer.fit``; ``moto_ranges``: moto's own server
+    answers the range reads (the test store's front passes them on), as it answers every
+    other request.
 
     ``store_cores``: cores of this host given to the S3 server alone; every reader, local
     or S3, runs on the others (0: all share every core).
@@ -191,16 +264,19 @@ def main(kind: str, rows: int, batch_size: int, rounds: int, latency_ms: float,
         else:
             from bench_lance import make_table
 
-            make_table(str(local), rows)
+            make_table(str(local), rows)  # one create_table call
         table_bytes = sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
         server = S3Server(Path(tmp) / "moto.log", latency_ms=latency_ms,
-                          bandwidth_mb_s=bandwidth_mb_s, cpus=store_cpus)  # fmt: skip
+                          bandwidth_mb_s=bandwidth_mb_s, cpus=store_cpus,
+                          moto_ranges=moto_ranges)  # fmt: skip
         with server:
             server.create_bucket("bench")
             server.upload(local, f"s3://bench/{local.name}")
             print(f"{kind} table: {rows} rows, {table_bytes / 1e6:.1f} MB; batch {batch_size};"
                   f" S3 latency {latency_ms:g} ms, bandwidth cap {bandwidth_mb_s} MB/s;"
-                  f" step {step_ms:g} ms; store cores {sorted(store_cpus or [])}",
+                  f" step {step_ms:g} ms; store cores {sorted(store_cpus or [])};"
+                  f" {'inside Trainer.fit' if trainer else 'a loop over the loader'};"
+                  f" range reads answered by {'moto' if moto_ranges else 'the front'}",
                   flush=True)  # fmt: skip
             stores = ("local", "s3", "s3-before") if before else ("local", "s3")
             settings = settings or list(SETTINGS)
@@ -215,13 +291,14 @@ def main(kind: str, rows: int, batch_size: int, rounds: int, latency_ms: float,
                         script = str(before / "benchmarks" / "lance_s3.py")
                         asked = config.removesuffix("-before")
                     arguments = [script, asked, str(local), server.endpoint, str(batch_size),
-                                 str(step_ms)]  # fmt: skip
+                                 str(step_ms), "trainer" if trainer else "loop"]  # fmt: skip
                     runs[-1][config] = run_fresh(arguments, f"round {round_} {config:<34}")
     figures = summary(runs, table_bytes)
     report(figures)
     return {"table": kind, "rows": rows, "table_bytes": table_bytes, "batch_size": batch_size,
             "latency_ms": latency_ms, "bandwidth_mb_s": bandwidth_mb_s, "rounds": rounds,
-            "step_ms": step_ms, "store_cores": store_cores,
+            "step_ms": step_ms, "store_cores": store_cores, "trainer": trainer,
+            "moto_ranges": moto_ranges,
             "before": str(before) if before else None, "runs": runs,
             "figures": figures}  # fmt: skip
 
@@ -317,5 +394,5 @@ def report(figures: dict) -> None:
 if __name__ == "__main__":
     from fresh import hand_back
 
-    config, uri, endpoint, batch, step_ms = sys.argv[1:6]
-    hand_back(epoch(config, uri, endpoint, int(batch), float(step_ms)))
+    config, uri, endpoint, batch, step_ms, mode = sys.argv[1:7]
+    hand_back(epoch(config, uri, endpoint, int(batch), float(step_ms), mode == "trainer"))

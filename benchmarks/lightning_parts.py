@@ -22,18 +22,27 @@ def quiet_trainer(**options: Any) -> pl.Trainer:
 
 class NoOpModel(pl.LightningModule):
     """One parameter for the optimizer and a ``training_step`` that only notes, per epoch,
-    when each batch arrived and how many rows it held (``stamps[epoch]``)."""
+    when it began (``starts[epoch]``), when each batch arrived and how many rows it held
+    (``stamps[epoch]``), and the batches' ids (``ids[epoch]``), then waits ``step_ms``."""
 
-    def __init__(self) -> None:
+    def __init__(self, step_ms: float = 0.0) -> None:
         super().__init__()
         self.anchor = torch.nn.Parameter(torch.zeros(1))
+        self.step_ms = step_ms
+        self.starts: list[float] = []
         self.stamps: list[list[tuple[float, int]]] = []
+        self.ids: list[list[int]] = []
 
     def on_train_epoch_start(self) -> None:
+        self.starts.append(time.perf_counter())
         self.stamps.append([])
+        self.ids.append([])
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
         self.stamps[-1].append((time.perf_counter(), len(batch["id"])))
+        self.ids[-1].extend(batch["id"].tolist())
+        if self.step_ms:
+            time.sleep(self.step_ms / 1000)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)

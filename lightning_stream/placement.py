@@ -12,16 +12,17 @@ array of their starts).
 
 Within a split, rows are served from a pool of ``pool`` items at once
 (:class:`SplitOrder`): the split's consecutive items are taken ``pool`` at a time and
-each group's rows are interleaved in a seeded random order, each item's rows staying in
-storage order. So a batch mixes ``pool`` times as many items as it has splits, while a
-reader still fetches every item front to back, each byte once. A split's order is a
+dealt in rounds, one row of each per round in a seeded random order, each item's rows
+staying in storage order. So a batch mixes ``pool`` times as many items as it has
+splits, while a reader still fetches every item front to back, each byte once. A split's order is a
 pure function of ``(seed, epoch, split)`` and the stream's length: the same on every
 world size and worker count.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import itertools
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
@@ -208,65 +209,94 @@ def epoch_permutation(count: int, seed: int, epoch: int, shuffle: bool) -> Permu
 
 @dataclass(frozen=True)
 class SplitOrder:
-    """The rows of split ``split`` of ``layout`` cut into splits of ``split_len``, in the
-    order the split serves them.
+    """The rows of the splits of ``layout``, cut into splits of ``split_len``, in the
+    order each split serves them.
+
+    A split's items (its *pieces*: the part of each item that falls in it) are served
+    ``pool`` at a time: each group of ``pool`` consecutive pieces is dealt in rounds, one
+    row of every piece not yet exhausted per round, in a random order each round (seeded
+    by ``key``, the split, the group and the round). Each piece's rows keep their storage
+    order; where any row is served is arithmetic, with nothing held per row or per group.
 
     Args:
         layout: the epoch's items, laid end to end.
-        split: the split.
         split_len: rows in every split.
-        pool: items served at once (1: one after another).
-        key: seeds the interleaving of each group of ``pool`` items.
-        shuffle_within: serve each item's rows in a random order too (decoded video
-            frames are resident as a whole) instead of storage order.
+        pool: pieces served at once (1: one after another).
+        key: seeds the order within each round.
     """
 
     layout: Layout
-    split: int
     split_len: int
     pool: int = 1
     key: int = 0
-    shuffle_within: bool = False
-    _first: int = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        first = self.layout.locate(np.asarray([self.split * self.split_len]))[0]
-        object.__setattr__(self, "_first", int(first[0]))
+    def _piece_start(self, low: np.ndarray, first: np.ndarray, piece: np.ndarray) -> np.ndarray:
+        """The split's row at which each of its pieces starts (``split_len`` past its last);
+        ``piece`` counts from the split's first piece, at laid position ``first``, of the
+        split starting at laid offset ``low``."""
+        laid = self.layout.start(first + piece) - low
+        return np.clip(laid, 0, self.split_len)
 
-    def _piece(self, row: np.ndarray) -> np.ndarray:
-        """The split's piece (its ``k``-th item) holding each of its rows."""
-        return self.layout.locate(self.split * self.split_len + row)[0] - self._first
+    @cached_property
+    def _deals(self) -> np.ndarray:
+        """Every order of ``pool`` pieces, a row each: a full round's order is one of them."""
+        return np.asarray(list(itertools.permutations(range(self.pool))), dtype=np.int64)
 
-    def _group_bounds(self, group: int) -> tuple[int, int]:
-        """The rows of the split that group ``group`` of pieces covers."""
-        piece = self._first + group * self.pool
-        starts = self.layout.start(np.asarray([piece, piece + self.pool]))
-        low = self.split * self.split_len
-        return max(int(starts[0]) - low, 0), min(int(starts[1]) - low, self.split_len)
+    def sequence(self, split: np.ndarray, row: np.ndarray) -> np.ndarray:
+        """The rows served at positions ``row`` of splits ``split``, as rows of their split
+        laid in item order (``0 .. split_len``)."""
+        split, row = np.asarray(split, dtype=np.int64), np.asarray(row, dtype=np.int64)
+        if self.pool <= 1 or not len(row):
+            return row
+        pool = self.pool
+        low = split * self.split_len
+        first = self.layout.locate(low)[0]
+        group = (self.layout.locate(low + row)[0] - first) // pool
+        pieces = group[:, None] * pool + np.arange(pool + 1)
+        firsts = self._piece_start(low[:, None], first[:, None], pieces)
+        lengths = np.diff(firsts, axis=1)  # of the group's pieces, [rows, pool]
+        at = row - firsts[:, 0]  # position within the group
+        # a group of pieces of one length: round at // pool, every piece in it
+        round_, slot = np.divmod(at, pool)
+        seed = _mix(split.astype(np.uint64) ^ np.uint64(self.key))
+        seed = _mix(seed ^ (group.astype(np.uint64) << np.uint64(32)))
+        deal = _mix(seed ^ round_.astype(np.uint64)) % np.uint64(len(self._deals))
+        piece = self._deals[deal.astype(np.int64), slot]
+        uneven = np.flatnonzero((lengths != lengths[:, :1]).any(axis=1))
+        if len(uneven):  # a split's first or last group, or one with the short clump
+            round_[uneven], piece[uneven] = self._uneven(lengths[uneven], at[uneven], seed[uneven])
+        return firsts[np.arange(len(row)), piece] + round_
 
-    def sequence(self, start: int, stop: int) -> np.ndarray:
-        """The rows served at positions ``[start, stop)`` of the split, as rows of the
-        split laid in item order (``0 .. split_len``)."""
-        if self.pool <= 1 or stop <= start:
-            return np.arange(start, stop, dtype=np.int64)
-        first_group = int(self._piece(np.asarray([start]))[0]) // self.pool
-        last_group = int(self._piece(np.asarray([stop - 1]))[0]) // self.pool
-        low = self._group_bounds(first_group)[0]
-        high = self._group_bounds(last_group)[1]
-        rows = np.arange(low, high, dtype=np.int64)
-        pieces = self._piece(rows)
-        keys = _mix(rows.astype(np.uint64) ^ np.uint64(self.key))
-        served = rows[np.lexsort((keys, pieces // self.pool))]
-        if not self.shuffle_within:
-            # the k-th time a piece is served it gives its k-th row: storage order
-            ordered = np.empty_like(rows)
-            ordered[np.argsort(pieces[served - low], kind="stable")] = rows
-            served = ordered
-        return served[start - low : stop - low]
+    def _uneven(
+        self, lengths: np.ndarray, at: np.ndarray, seed: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Round and piece of positions ``at`` of groups of pieces of unequal
+        ``lengths``: while ``k`` pieces are exhausted, a round serves ``pool - k`` rows."""
+        pool = self.pool
+        ordered = np.sort(lengths, axis=1)
+        before = np.zeros(len(at), dtype=np.int64)  # positions before the stretch
+        done = np.zeros(len(at), dtype=np.int64)  # rounds before it
+        round_, slot = np.zeros_like(at), np.zeros_like(at)
+        for exhausted in range(pool):
+            active = pool - exhausted
+            span = active * (ordered[:, exhausted] - done)
+            here = (at >= before) & (at < before + span)
+            offset = at[here] - before[here]
+            round_[here] = done[here] + offset // active
+            slot[here] = offset % active
+            before += span
+            done = ordered[:, exhausted]
+        keys = _mix(
+            _mix(seed ^ round_.astype(np.uint64))[:, None] ^ np.arange(pool, dtype=np.uint64)
+        )
+        keys[lengths <= round_[:, None]] = np.uint64(_MASK)  # exhausted: last
+        piece = np.argsort(keys, axis=1, kind="stable")[np.arange(len(at)), slot]
+        return round_, piece
 
-    def rows(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(item, row within the item)`` of the rows at positions ``[start, stop)``."""
-        laid = self.split * self.split_len + self.sequence(start, stop)
+    def rows(self, split: np.ndarray, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(item, row within the item)`` of the rows at positions ``row`` of splits
+        ``split``."""
+        laid = np.asarray(split, dtype=np.int64) * self.split_len + self.sequence(split, row)
         position, within = self.layout.locate(laid)
         return self.layout.item(position), within
 

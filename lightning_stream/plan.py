@@ -22,6 +22,7 @@ batches, all of them non-empty and none larger than ``batch_size``.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -90,16 +91,52 @@ def catch_up_order(counts: Sequence[int]) -> list[int]:
     return order
 
 
-def batch_sizes(rows: int, steps: int, batch_size: int) -> list[int]:
-    """``steps`` batch sizes that add up to ``rows``: full batches first, none empty."""
-    if not steps <= rows <= steps * batch_size:
-        raise ValueError(f"cannot cut {rows} rows into {steps} batches of 1..{batch_size}")
-    sizes = []
-    for step in range(steps):
-        size = min(batch_size, rows - (steps - step - 1))
-        sizes.append(size)
-        rows -= size
-    return sizes
+@dataclass(frozen=True)
+class BatchSizes(Sequence[int]):
+    """``steps`` batch sizes that add up to ``rows``: full batches first, none empty (a
+    partial batch, then batches of one row, when ``rows`` is short of full ones). Held as
+    three numbers, whatever the epoch's length."""
+
+    rows: int
+    steps: int
+    batch_size: int
+
+    def __post_init__(self) -> None:
+        if not self.steps <= self.rows <= self.steps * self.batch_size:
+            raise ValueError(
+                f"cannot cut {self.rows} rows into {self.steps} batches of 1..{self.batch_size}"
+            )
+
+    @classmethod
+    def cut(cls, rows: int, batch_size: int) -> BatchSizes:
+        """Full batches of ``rows``, then the rest."""
+        return cls(rows, -(-rows // batch_size), batch_size)
+
+    @cached_property
+    def full(self) -> int:
+        """Full batches: as many as leave a row for every later step."""
+        if self.batch_size == 1:
+            return self.steps
+        return min(self.steps, (self.rows - self.steps) // (self.batch_size - 1))
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, step: int) -> int:  # type: ignore[override]
+        if not -self.steps <= step < self.steps:
+            raise IndexError(step)
+        step %= self.steps
+        if step < self.full:
+            return self.batch_size
+        if step == self.full:
+            return self.rows - self.full * self.batch_size - (self.steps - self.full - 1)
+        return 1
+
+    def __iter__(self) -> Iterator[int]:
+        yield from itertools.repeat(self.batch_size, self.full)
+        if self.full < self.steps:
+            yield self[self.full]
+            yield from itertools.repeat(1, self.steps - self.full - 1)
 
 
 @dataclass(frozen=True)
@@ -167,8 +204,8 @@ class RankEpochPlan:
         return steps
 
     @cached_property
-    def sizes(self) -> list[int]:
-        return batch_sizes(self.rows, self.steps, self.batch_size)
+    def sizes(self) -> BatchSizes:
+        return BatchSizes(self.rows, self.steps, self.batch_size)
 
     def head_order(self) -> tuple[np.ndarray, np.ndarray]:
         """``(local split, position in split)`` of each head row, in serving order."""

@@ -123,6 +123,8 @@ class S3Server:
         latency_ms: wait of every S3 request before its first byte (0: none).
         bandwidth_mb_s: cap on each response body's rate, in 10^6 bytes/s (None: none).
         cpus: the cores the server runs on (None: any).
+        moto_ranges: moto's own server answers range GETs too (the front passes them on)
+            instead of the front reading the range from moto's stored object.
     """
 
     def __init__(
@@ -133,8 +135,10 @@ class S3Server:
         latency_ms: float = 0.0,
         bandwidth_mb_s: float | None = None,
         cpus: set[int] | None = None,
+        moto_ranges: bool = False,
     ) -> None:
         self.cpus = cpus
+        self.moto_ranges = moto_ranges
         self.check_credentials = check_credentials
         self.latency_ms = latency_ms
         self.bandwidth_mb_s = bandwidth_mb_s
@@ -169,6 +173,8 @@ class S3Server:
             command += ["--bandwidth-mb-s", str(self.bandwidth_mb_s)]
         if self.cpus is not None:
             command += ["--cpus", ",".join(map(str, sorted(self.cpus)))]
+        if self.moto_ranges:
+            command.append("--moto-ranges")
         self.process = subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
@@ -533,10 +539,12 @@ if __name__ == "__main__":
     parser.add_argument("--latency-ms", type=float, default=0.0)
     parser.add_argument("--bandwidth-mb-s", type=float)
     parser.add_argument("--cpus", help="comma-separated cores to run on (default: any)")
+    parser.add_argument("--moto-ranges", action="store_true", help="moto answers range GETs")
     args = parser.parse_args()
     if args.cpus:
         # before moto's threads start: they inherit it
         os.sched_setaffinity(0, {int(cpu) for cpu in args.cpus.split(",")})
     # moto checks credentials when this is set: it then answers every request itself
     checking = "INITIAL_NO_AUTH_ACTION_COUNT" in os.environ
-    _serve(args.port, args.latency_ms, args.bandwidth_mb_s, fast_ranges=not checking)
+    fast_ranges = not (checking or args.moto_ranges)
+    _serve(args.port, args.latency_ms, args.bandwidth_mb_s, fast_ranges=fast_ranges)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from lightning_stream import LanceDataModule
-from lightning_stream.lance.reader import held_bytes, take_offsets
+from lightning_stream.lance.arrow import held_bytes
+from lightning_stream.lance.reader import BudgetedReader, LanceReads, ReadCounters
 from lightning_stream.workers.slots import plain
 
 from .conftest import HEAVY_ROWS
@@ -117,7 +118,9 @@ def test_rows_come_back_in_the_order_asked_with_their_nulls(tmp_path):
         "t", pa.table({"id": ids, "name": names, "blob": pa.array(blobs, pa.binary())})
     )
     row_ids = np.random.default_rng(0).permutation(3000)  # storage offsets
-    rows = take_offsets(table, None)(row_ids)
+    reader = BudgetedReader(LanceReads(table, None), row_ids, 2**30, ReadCounters(1), 0)
+    reader.window_rows = 3000  # one window
+    (rows,) = reader.tables()
     assert rows.schema.field("blob").type == pa.binary_view()  # views over lance's buffers
     assert rows["id"].to_pylist() == row_ids.tolist()
     assert rows["name"].to_pylist() == [names[i] for i in row_ids]

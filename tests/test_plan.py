@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_stream.plan import (
+    BatchSizes,
     RankEpochPlan,
-    batch_sizes,
     catch_up_order,
     check_topology,
     rank_splits,
@@ -71,9 +71,16 @@ def test_counts_after_matches_row_by_row_simulation(topology, split_len, batch_s
 @given(rows=st.integers(1, 500), batch_size=st.integers(1, 64), data=st.data())
 def test_batch_sizes_cover_rows_in_the_requested_steps(rows, batch_size, data):
     steps = data.draw(st.integers(math.ceil(rows / batch_size), rows))
-    sizes = batch_sizes(rows, steps, batch_size)
+    sizes = BatchSizes(rows, steps, batch_size)
     assert len(sizes) == steps and sum(sizes) == rows
     assert all(1 <= size <= batch_size for size in sizes)
+    assert list(sizes) == [sizes[step] for step in range(steps)]
+    # full batches first: each step takes all it can while a row is left for each later one
+    left, greedy = rows, []
+    for step in range(steps):
+        greedy.append(min(batch_size, left - (steps - step - 1)))
+        left -= greedy[-1]
+    assert list(sizes) == greedy
 
 
 def test_every_rank_takes_the_same_steps_after_an_uneven_resume():

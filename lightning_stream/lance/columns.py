@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 import torch
 
 from lightning_stream.batching import Batch, batch_len, check_columnar
-from lightning_stream.lance.reader import one_array
+from lightning_stream.lance.arrow import one_array
 
 TENSOR, VARLIST, STRING, BINARY, PYTHON = "tensor", "varlist", "string", "binary", "python"
 VALID_SUFFIX = "_valid"

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from lightning_stream.batching import Batch
 from lightning_stream.lance.order import StorageRows
 from lightning_stream.lance.source import LanceSource
-from lightning_stream.lance.task import cut
+from lightning_stream.plan import BatchSizes
 
 
 class EvaluationLoader:
@@ -36,5 +36,5 @@ class EvaluationLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         rows = self._rows
-        sizes = cut(len(rows), self.batch_size)
+        sizes = BatchSizes.cut(len(rows), self.batch_size)
         return map(self.source.batch_maker(), self.source.read_here(rows, sizes))

@@ -76,14 +76,19 @@ class TableOrder:
         order = epoch_permutation(clumps, self.seed, self.epoch, self.shuffle)
         return ClumpLayout(self.rows, self.clump, order)
 
-    def split(self, split: int) -> SplitOrder:
-        pool = POOL_CLUMPS if self.shuffle and self.clump > 1 else 1
-        key = derive_key(self.seed, self.epoch, split)
-        return SplitOrder(self.layout, split, self.split_len, pool, key)
+    @property
+    def pool(self) -> int:
+        """Clumps a split serves from at once."""
+        return POOL_CLUMPS if self.shuffle and self.clump > 1 else 1
 
-    def offsets(self, split: int, start: int, stop: int) -> np.ndarray:
-        """Storage offsets of the rows at positions ``[start, stop)`` of ``split``."""
-        clumps, within = self.split(split).rows(start, stop)
+    @cached_property
+    def splits(self) -> SplitOrder:
+        return SplitOrder(self.layout, self.split_len, self.pool, derive_key(self.seed, self.epoch))
+
+    def offsets(self, split: np.ndarray | int, row: np.ndarray) -> np.ndarray:
+        """Storage offsets of the rows at positions ``row`` of splits ``split``."""
+        split = np.broadcast_to(np.asarray(split, dtype=np.int64), np.shape(row))
+        clumps, within = self.splits.rows(split, row)
         return storage_offsets(self.selection, clumps * self.clump + within)
 
 
@@ -95,19 +100,24 @@ def storage_offsets(selection: Selection | None, selected: np.ndarray) -> np.nda
 @dataclass(frozen=True)
 class ReaderRows:
     """One reader's storage rows of an epoch, in its serving order, computed a window at
-    a time: ``rows(start, stop)``."""
+    a time: ``rows(start, stop)``. It serves from ``width`` clumps at once."""
 
     table: TableOrder
     order: ReaderOrder
+
+    @property
+    def width(self) -> int:
+        return max(1, len(self.order.splits)) * self.table.pool
+
+    @property
+    def run_rows(self) -> int:
+        return self.table.clump
 
     def __len__(self) -> int:
         return len(self.order)
 
     def __call__(self, start: int, stop: int) -> np.ndarray:
-        offsets = np.empty(stop - start, dtype=np.int64)
-        for run in self.order.runs(start, stop):
-            offsets[run.slot] = self.table.offsets(run.split, run.start, run.stop)
-        return offsets
+        return self.table.offsets(*self.order.positions(start, stop))
 
 
 @dataclass(frozen=True)
@@ -117,6 +127,11 @@ class StorageRows:
     selection: Selection | None
     start: int
     stop: int
+    width = 1
+
+    @property
+    def run_rows(self) -> int:
+        return len(self)
 
     def __len__(self) -> int:
         return self.stop - self.start

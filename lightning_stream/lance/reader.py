@@ -1,23 +1,25 @@
 """Rows of a LanceDB table read in a given order, with the bytes held bounded by a budget.
 
 A reading process (the main process, or one reading worker) serves its rows in the
-order the plan gives, a few reads in flight on threads (lance's reads release the GIL),
+order the plan gives, in *windows*: the next rows of its order, read in storage order
+and handed out in the plan's order once all of their reads are in. The order serves
+``width`` clumps at once (a reader's splits times their pool, see
+:mod:`lightning_stream.lance.order`), so a window holds a run of storage rows of each:
+a window grows (from the first batch's rows) until each run is ``run_bytes`` long, or its
+whole clump, and every run is read once: a long run by a range scan, short ones together
+by offset. Reads run on threads (lance releases the GIL), ``windows`` windows in flight
 at a :class:`~lightning_stream.lance.pace.ReadPace` that depends on where the table is
-(local disk or object store). Consecutive reads are joined into windows: a window's rows
-are read in storage order, split between its reads, and handed out in the plan's order
-once all of them are in. A plan cycles over its splits, so a read holds a short run of
-each split's storage rows; in a window the runs of consecutive reads join, and lance
-fetches them in fewer, larger range reads. Everything the process holds that training
-has not taken yet (windows in flight, at their estimated size, and rows read but not yet
-handed out as batches) counts against its byte budget: a window is only started when it
-fits. The row size is learnt from a first small read.
+(local disk or object store). Everything the process holds that training has not taken
+yet (windows in flight, at their estimated size, and rows read but not yet handed out as
+batches) counts against its byte budget: a window is only started when it fits. The row
+size is learnt from the first window.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -26,17 +28,18 @@ import lancedb
 import numpy as np
 import pyarrow as pa
 
+from lightning_stream.lance.arrow import held_bytes, reordered, with_views
 from lightning_stream.lance.pace import LOCAL_PACE, ReadPace
 
+# Rows of the first window at least; it brings the first batch in, and its rows give the
+# row size that sizes the windows after it.
 FIRST_READ_ROWS = 16
-
-
-# Reads of more rows than this are not joined into windows: at 32 splits they already
-# read runs of 512 rows or more a split, and a window of them would hold a small table's
-# whole epoch before its first batch.
-WINDOW_READ_ROWS = 2**14
-
-ReadRows = Callable[[np.ndarray], pa.Table]  # storage offsets -> their rows, in order
+# Rows of one take at most: lance takes rows by offset at a fixed cost per row, and holds
+# up to 1 KB a row while it does (a take of 220k light rows, 17 MB, held 0.2 GB), where a
+# range scan costs about 1 ms and little memory beyond its rows (light rows in runs of
+# 4,096 scanned at 2.1M rows/s and taken at 1.2M; in runs of 1,024, 0.7M and 1.0M). A
+# window is read in several takes, on as many threads.
+TAKE_ROWS = 2**16
 
 
 class ReadCounters:
@@ -83,7 +86,14 @@ class TableOpener:
 
 class RowOrder(Protocol):
     """Rows a reader serves, in order, computed a window at a time (see
-    :class:`~lightning_stream.lance.order.ReaderRows`)."""
+    :class:`~lightning_stream.lance.order.ReaderRows`).
+
+    ``width``: the clumps it serves from at once; ``run_rows``: the rows of a clump at
+    most (storage order: one clump of every row).
+    """
+
+    width: int
+    run_rows: int
 
     def __len__(self) -> int: ...
 
@@ -93,9 +103,11 @@ class RowOrder(Protocol):
 
 @dataclass(frozen=True)
 class ArrayRows:
-    """A :class:`RowOrder` held as one array of storage offsets."""
+    """A :class:`RowOrder` held as one array of storage offsets, in no known clumps."""
 
     offsets: np.ndarray
+    width: int = 1
+    run_rows: int = 1
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -104,112 +116,75 @@ class ArrayRows:
         return self.offsets[start:stop]
 
 
-def take_offsets(table, columns: list[str] | None) -> ReadRows:
-    """A read of rows by storage offset (of the table's checked-out version) that
-    returns them in the order asked."""
+class LanceReads:
+    """Rows of ``columns`` (``None``: all) of a table at its checked-out version, by
+    storage offset: a run by a range scan, or any rows by offset."""
 
-    def read(offsets: np.ndarray) -> pa.Table:
-        order = np.argsort(offsets, kind="stable")
-        ascending = bool(np.all(order[1:] > order[:-1]))
-        asked = offsets if ascending else offsets[order]
-        query = table.take_offsets(asked.tolist())
-        if columns is not None:
-            query = query.select(columns)
-        rows = query.to_arrow()
-        if rows.num_rows != len(offsets):
+    def __init__(self, table: Any, columns: list[str] | None) -> None:
+        self.table = table
+        self.columns = columns
+
+    def scan(self, start: int, stop: int) -> pa.Table:
+        """Rows ``[start, stop)``, in storage order."""
+        query = self.table.search().offset(start).limit(stop - start)
+        if self.columns is not None:
+            query = query.select(self.columns)
+        return self._checked(query.to_arrow(), stop - start)
+
+    def take(self, offsets: np.ndarray) -> pa.Table:
+        """The rows at ``offsets`` (ascending), in that order."""
+        query = self.table.take_offsets(offsets.tolist())
+        if self.columns is not None:
+            query = query.select(self.columns)
+        return self._checked(query.to_arrow(), len(offsets))  # lance: in storage order
+
+    @staticmethod
+    def _checked(rows: pa.Table, asked: int) -> pa.Table:
+        if rows.num_rows != asked:
             raise RuntimeError(
-                f"lance returned {rows.num_rows} of {len(offsets)} rows asked for: rows of the"
+                f"lance returned {rows.num_rows} of {asked} rows asked for: rows of the"
                 " pinned table version are gone (its files changed or were deleted)"
             )
-        # lance returns the rows in storage order, as BudgetedReader asks for them
-        if ascending:
-            return rows.cast(pa.schema([_with_view_type(f) for f in rows.schema]))
-        where = np.empty_like(order)
-        where[order] = np.arange(len(order))
-        return reordered(rows, where)
-
-    return read
+        return with_views(rows)
 
 
-# Binary and string values are reordered by their views (16 bytes a value) over lance's
-# buffers instead of copied: a read's bytes are then copied once, into the batch's
-# ``bytes`` (25k rows of 22 KB at 0 workers: 49-52k rows/s with a copying reorder, 56-61k).
-# Views stay in the reading process: a worker's batch crosses as plain arrays
-# (:func:`lightning_stream.workers.slots.plain`).
-_VIEW_TYPES = {
-    pa.binary(): pa.binary_view(),
-    pa.large_binary(): pa.binary_view(),
-    pa.string(): pa.string_view(),
-    pa.large_string(): pa.string_view(),
-}
+def window_parts(
+    offsets: np.ndarray, pieces: int, scan_rows: int | None
+) -> list[tuple[str, np.ndarray]]:
+    """How to read ``offsets`` (ascending): ``("scan", run)`` for each run of at least
+    ``scan_rows`` consecutive offsets (``None``: none), ``("take", offsets)`` for the rest,
+    in takes of at most ``TAKE_ROWS`` rows and at least ``pieces`` of them where they have
+    16 rows each."""
+    cuts = np.flatnonzero(np.diff(offsets) != 1) + 1
+    bounds = np.concatenate([[0], cuts, [len(offsets)]])
+    long = np.flatnonzero(np.diff(bounds) >= (scan_rows or len(offsets) + 1))
+    parts: list[tuple[str, np.ndarray]] = [
+        ("scan", offsets[bounds[run] : bounds[run + 1]]) for run in long.tolist()
+    ]
+    short = np.ones(len(offsets), dtype=bool)
+    for _, run in parts:
+        short[np.searchsorted(offsets, run[0]) : np.searchsorted(offsets, run[-1]) + 1] = False
+    rest = offsets[short]
+    if len(rest):
+        count = max(-(-len(rest) // TAKE_ROWS), min(pieces, -(-len(rest) // 16)))
+        parts += [("take", part) for part in np.array_split(rest, count)]
+    return parts
 
 
-def _with_view_type(field: pa.Field) -> pa.Field:
-    return field.with_type(_VIEW_TYPES.get(field.type, field.type))
-
-
-def held_bytes(table: pa.Table) -> int:
-    """Bytes ``table`` holds: ``nbytes``, except that a view column's data buffers count
-    once each, at their largest extent.
-
-    lance hands a read's binary data to all its chunks as one buffer, from the same start,
-    and :func:`_reordered` keeps it: ``nbytes`` counts it once a chunk (1.5x a 22 KB-row
-    read in two chunks), ``get_total_buffer_size`` only at its first chunk's extent (0.7x).
-    """
-    held = 0
-    for column in table.columns:
-        if column.type not in _VIEW_TYPES.values():
-            held += column.nbytes
-            continue
-        extents: dict[int, int] = {}
-        for chunk in column.chunks:
-            for buffer in chunk.buffers():
-                if buffer is not None:
-                    extents[buffer.address] = max(extents.get(buffer.address, 0), buffer.size)
-        held += sum(extents.values())
-    return held
-
-
-def one_array(column: pa.ChunkedArray) -> pa.Array:
-    """``column`` as one array, joined (a copy) only when it has several chunks: a batch
-    within one read is one chunk already (a read's columns are joined by
-    :func:`_reordered`)."""
-    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-
-
-def reordered(rows: pa.Table, where: np.ndarray) -> pa.Table:
-    """``rows.take(where)`` as one chunk a column, binary and string values as views over
-    ``rows``' buffers (not copied)."""
-    columns = [_reordered(column, where) for column in rows.columns]
-    return pa.Table.from_arrays(columns, names=rows.column_names)
-
-
-def _joined(futures: list[Future], serving: np.ndarray) -> pa.Table:
-    """A window's rows in serving order, from its reads' rows in storage order."""
-    return reordered(pa.concat_tables([future.result() for future in futures]), serving)
-
-
-def _reordered(column: pa.ChunkedArray, where: np.ndarray) -> pa.Array:
-    """``column.take(where)``, with binary and string values not copied."""
-    view_type = _VIEW_TYPES.get(column.type, column.type)
-    if view_type not in _VIEW_TYPES.values():
-        return column.take(where)
-    # cast first: joining views appends each chunk's data buffers instead of copying them
-    # (a read of more than 1,024 rows, lance's batch, comes as several chunks)
-    views = column.cast(view_type).combine_chunks()
-    buffers = views.buffers()
-    slots = np.frombuffer(buffers[1], dtype="V16")[views.offset : views.offset + len(views)]
-    validity = views.is_valid().take(where).buffers()[1] if views.null_count else None
-    return pa.Array.from_buffers(
-        view_type, len(where), [validity, pa.py_buffer(slots[where]), *buffers[2:]]
-    )
+def _joined(reads: list[tuple[np.ndarray, Future]], served: np.ndarray) -> pa.Table:
+    """A window's rows in serving order (storage offsets ``served``), from its reads'
+    rows (each read's offsets and its future)."""
+    read = np.concatenate([offsets for offsets, _ in reads])
+    order = np.argsort(read, kind="stable")
+    where = order[np.searchsorted(read, served, sorter=order)]
+    return reordered(pa.concat_tables([future.result() for _, future in reads]), where)
 
 
 class BudgetedReader:
     """Reads ``rows`` in order, holding at most ``budget`` bytes not yet handed out.
 
     Args:
-        read: reads a sequence of row ids, returning them in that order.
+        reads: the table's rows by storage offset (:class:`LanceReads`).
         rows: the rows' storage offsets, in serving order: an array, or a
             :class:`RowOrder` that computes them a window at a time.
         budget: bytes this reader may hold: windows in flight plus rows read and not yet
@@ -217,89 +192,84 @@ class BudgetedReader:
             still served.
         counters: shared counters, updated under ``reader``'s row.
         reader: this reader's row in ``counters``.
-        pace: reads in flight at once, how fast their size grows, and reads a window.
+        pace: reads in flight at once, windows and their growth, and the runs they hold.
     """
 
     def __init__(
         self,
-        read: ReadRows,
+        reads: LanceReads,
         rows: np.ndarray | RowOrder,
         budget: int,
         counters: ReadCounters,
         reader: int,
         pace: ReadPace = LOCAL_PACE,
     ) -> None:
-        self.read = read
+        self.reads = reads
         self.pace = pace
         self.rows = ArrayRows(rows) if isinstance(rows, np.ndarray) else rows
         self.budget = budget
         self.counters = counters
         self.reader = reader
         self.row_bytes: float | None = None
-        self.read_rows = FIRST_READ_ROWS
+        self.window_rows = FIRST_READ_ROWS
         self.held = 0
 
     def _hold(self, amount: int) -> None:
         self.held += amount
         self.counters.add(self.reader, "resident_bytes", amount)
 
-    def _next_read_rows(self) -> int:
-        """The next read's rows: grown from the last read's, within the budget's share of a
-        read (the reads in flight and a window handed out)."""
+    def _next_window_rows(self) -> int:
+        """The next window's rows: grown from the last one's, to a run of ``run_bytes``
+        of every clump served at once (at least ``TAKE_ROWS`` rows when runs are short),
+        within the budget's share of a window (those in flight and one handed out)."""
         if self.row_bytes is None:
-            return FIRST_READ_ROWS
-        reads_held = self.pace.io_threads + self.pace.window_reads
-        read_bytes = min(self.pace.read_bytes, self.budget // reads_held)
-        fits = max(1, int(read_bytes // max(1.0, self.row_bytes)))
-        return min(self.read_rows * self.pace.growth, fits)
+            return self.window_rows
+        row = max(1.0, self.row_bytes)
+        run = max(1, min(self.rows.run_rows, int(self.pace.run_bytes // row)))
+        fits = min(self.pace.window_bytes, self.budget // (self.pace.windows + 1)) // row
+        full = max(1, min(max(self.rows.width * run, TAKE_ROWS), int(fits)))
+        return min(self.window_rows * self.pace.growth, full)
 
     def tables(self) -> Iterator[pa.Table]:
         """The rows in order, as Arrow tables of one window each; the next windows' reads
         run while the consumer works on a table."""
-        pending: deque[tuple[list[Future], int, np.ndarray]] = deque()
+        pending: deque[tuple[list[tuple[np.ndarray, Future]], int, np.ndarray]] = deque()
         next_row = 0
         total = len(self.rows)
+        pieces = max(1, self.pace.io_threads // self.pace.windows)
         with ThreadPoolExecutor(self.pace.io_threads, thread_name_prefix="lance-read") as pool:
 
             def start_reads() -> None:
                 nonlocal next_row
-                while next_row < total:
+                while next_row < total and len(pending) < self.pace.windows:
                     if self.row_bytes is None and pending:
-                        return  # learn the row size before sizing more reads
-                    read_rows = self._next_read_rows()
-                    joined = self.row_bytes is not None and read_rows <= WINDOW_READ_ROWS
-                    reads = self.pace.window_reads if joined else 1
-                    limit = self.pace.io_threads if joined else self.pace.lone_reads_in_flight()
-                    in_flight = sum(len(futures) for futures, _, _ in pending)
-                    if in_flight and in_flight + reads > limit:
-                        return
-                    rows = min(read_rows * reads, total - next_row)
+                        return  # learn the row size before sizing more windows
+                    window = self._next_window_rows()
+                    rows = min(window, total - next_row)
                     estimate = int(rows * (self.row_bytes or 0))
                     if self.held and self.held + estimate > self.budget:
                         return
-                    self.read_rows = read_rows
-                    ids = self.rows(next_row, next_row + rows)
-                    # storage order: a split's runs in the window's serving slices join
-                    # into one run, read at once (fewer, larger range reads)
-                    order = np.argsort(ids, kind="stable")
-                    futures = [
-                        pool.submit(self.read, part)
-                        for part in np.array_split(ids[order], min(reads, rows))
-                    ]
-                    serving = np.empty_like(order)
-                    serving[order] = np.arange(len(order))
-                    pending.append((futures, estimate, serving))
+                    self.window_rows = window
+                    served = self.rows(next_row, next_row + rows)
+                    reads = []
+                    for kind, offsets in window_parts(np.sort(served), pieces, self.pace.scan_rows):
+                        if kind == "scan":
+                            read = pool.submit(self.reads.scan, offsets[0], offsets[-1] + 1)
+                        else:
+                            read = pool.submit(self.reads.take, offsets)
+                        reads.append((offsets, read))
+                    pending.append((reads, estimate, served))
                     self._hold(estimate)
                     next_row += rows
 
             try:
                 while next_row < total or pending:
                     start_reads()
-                    futures, estimate, serving = pending[0]
+                    reads, estimate, served = pending[0]
                     # the reads' own rows are let go here: the window's table copies all
                     # but its binary values
-                    table = _joined(futures, serving)
-                    del futures
+                    table = _joined(reads, served)
+                    del reads
                     pending.popleft()
                     size = held_bytes(table)
                     self.row_bytes = size / max(1, table.num_rows)
@@ -312,13 +282,15 @@ class BudgetedReader:
                     finally:
                         self._hold(-size)
             finally:
-                for futures, estimate, _ in pending:
-                    for future in futures:
-                        future.cancel()
+                for reads, estimate, _ in pending:
+                    for _, read in reads:
+                        read.cancel()
                     self._hold(-estimate)
 
     def batches(self, sizes: Sequence[int]) -> Iterator[pa.Table]:
         """The rows in order, cut into Arrow tables of ``sizes`` rows (zero-copy slices)."""
+        if len(sizes):  # the first window brings the first batch in
+            self.window_rows = max(FIRST_READ_ROWS, sizes[0])
         tables = self.tables()
         buffered: list[pa.Table] = []
         buffered_rows = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import lancedb
@@ -17,8 +17,8 @@ from lightning_stream.lance.order import ReaderRows, StorageRows, TableOrder, cl
 from lightning_stream.lance.pace import LOCAL_PACE, REMOTE_PACE
 from lightning_stream.lance.reader import ReadCounters, RowOrder, TableOpener
 from lightning_stream.lance.selection import Selection, select_rows
-from lightning_stream.lance.task import ReadJob, ReadTask, cut
-from lightning_stream.plan import RankEpochPlan, ReaderOrder
+from lightning_stream.lance.task import ReadJob, ReadTask
+from lightning_stream.plan import BatchSizes, RankEpochPlan, ReaderOrder
 from lightning_stream.state import DEFAULT
 from lightning_stream.storage import is_remote, storage_error
 from lightning_stream.workers.inline import InlineReader
@@ -201,7 +201,7 @@ class LanceSource:
         """Selected rows ``[start, stop)``, in storage order."""
         return StorageRows(self.selection, start, stop)
 
-    def read_here(self, rows: RowOrder, sizes: list[int]) -> Iterator[Any]:
+    def read_here(self, rows: RowOrder, sizes: Sequence[int]) -> Iterator[Any]:
         """``rows`` read in this process, in order, as Arrow tables of ``sizes`` rows."""
         task = ReadTask(self.opener, self.columns, self.read_ahead_bytes, self.pace)
         reader = task.reader_of(self.table, self.read_counters, 0)
@@ -238,7 +238,7 @@ class LanceSource:
         pool = self.start_workers(plan.num_workers)
         if plan.num_workers > 1:
             head = ReaderRows(self.epoch_order(epoch), ReaderOrder(plan, range(0), head=True))
-            for table in self.read_here(head, cut(len(head), plan.batch_size)):
+            for table in self.read_here(head, BatchSizes.cut(len(head), plan.batch_size)):
                 pool.ready()  # a worker that failed to start says so now
                 yield make(table)
         try:
@@ -263,7 +263,9 @@ class LanceSource:
         jobs = []
         for worker in range(plan.num_workers):
             rows = ReaderRows(order, ReaderOrder.of_worker(plan, worker))
-            jobs.append(ReadJob(rows, cut(len(rows), plan.batch_size), self.opener, make))
+            jobs.append(
+                ReadJob(rows, BatchSizes.cut(len(rows), plan.batch_size), self.opener, make)
+            )
         return (self.version, epoch, plan), jobs
 
     def _inline_job(self, epoch: int, plan: RankEpochPlan) -> tuple[tuple, ReadJob]:

@@ -14,7 +14,7 @@ are what a worker imports (with lancedb, pyarrow and numpy; torch only to run a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,17 +25,11 @@ from lightning_stream.allocator import keep_read_buffers
 from lightning_stream.lance.pace import ReadPace
 from lightning_stream.lance.reader import (
     BudgetedReader,
+    LanceReads,
     ReadCounters,
     RowOrder,
     TableOpener,
-    take_offsets,
 )
-
-
-def cut(rows: int, batch_size: int) -> list[int]:
-    """Batch sizes of a reader's ``rows``: full batches, then the rest."""
-    full, rest = divmod(rows, batch_size)
-    return [batch_size] * full + ([rest] if rest else [])
 
 
 @dataclass(frozen=True)
@@ -50,7 +44,7 @@ class ReadJob:
     """
 
     rows: np.ndarray | RowOrder
-    sizes: list[int]
+    sizes: Sequence[int]
     opener: TableOpener
     make: Callable[[pa.Table], Any] | None = None
 
@@ -84,7 +78,7 @@ class ReadTask:
         if job.opener != state.opener:  # a resume pins another version
             state.opener, state.table = job.opener, job.opener()
         reader = BudgetedReader(
-            take_offsets(state.table, self.columns),
+            LanceReads(state.table, self.columns),
             job.rows,
             self.budget,
             state.counters,
