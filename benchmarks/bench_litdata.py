@@ -64,7 +64,7 @@ def items(spec: tuple[str, int, int, int]):
         from lightning_stream.lance.synthetic import light_rows
 
         rows = light_rows(0, total).slice(start, count)  # make_table writes rows 0 .. total
-        vec = rows["vec"].flatten().to_numpy().reshape(-1, 16)
+        vec = rows["vec"].combine_chunks().flatten().to_numpy().reshape(-1, 16)
         for i, label in enumerate(rows["label"].to_numpy()):
             yield {"id": start + i, "vec": vec[i], "label": float(label)}
         return

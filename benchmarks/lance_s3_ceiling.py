@@ -3,13 +3,13 @@
 ``python benchmarks/lance_s3_ceiling.py [--heavy-rows 25000] [--latency-ms 20] [--store-cores 1]``
 
 The heavy table of ``bench_lance.py --s3 --heavy`` is read whole with lance's take by
-row id (``take_rows``, the call the data module's reads make), in clumps of storage-order
-rows of the data module's default size taken in a shuffled order, ``--read-rows`` rows a
-read, ``--threads`` reads at once, from local disk and from the test S3 server (moto
-behind an asyncio front, every request answered after ``--latency-ms``), interleaved,
-``--rounds`` rounds. Nothing consumes the rows: no batches, no training step, no
-workers. Whole clumps in one run are friendlier to S3 than the module's reads, which
-cycle over 32 splits and so fetch each clump in a few pieces.
+storage offset (``LanceReads.take``, the call the data module's reads make), in clumps
+of storage-order rows of the data module's default size taken in a shuffled order,
+``--read-rows`` rows a read, ``--threads`` reads at once, from local disk and from the
+test S3 server (moto behind an asyncio front, every request answered after
+``--latency-ms``), interleaved, ``--rounds`` rounds. Nothing consumes the rows: no
+batches, no training step, no workers. Whole clumps in one run are friendlier to S3 than
+the module's reads, which cycle over 32 splits and so fetch each clump in a few pieces.
 
 Reported, median (range) over the rounds: the wall time and the reading process's user
 and system CPU seconds (lance's threads included) of local and S3 reads, S3/local as a

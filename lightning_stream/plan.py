@@ -1,18 +1,18 @@
 """Which sample goes to which rank, worker and step: pure arithmetic, no I/O.
 
-A stream is cut into ``num_splits`` splits of equal length. Rank ``r`` of ``W`` owns a
-contiguous block of ``num_splits / W`` splits and its worker ``k`` of ``K`` a contiguous
-sub-block. Within one iterator the rows of its splits arrive round-robin, one row per
-split per cycle (the order of ``lancedb.streaming.StreamingDataset``); a DataLoader with
-``K`` workers hands out the workers' batches in turn.
+A stream is cut into ``num_splits`` splits of equal length (which rows each holds, in
+which order: :mod:`lightning_stream.placement`). Rank ``r`` of ``W`` owns a contiguous
+block of ``num_splits / W`` splits and its worker ``k`` of ``K`` a contiguous sub-block.
+Within one reader the rows of its splits arrive round-robin, one row per split per cycle
+(:class:`ReaderOrder`, computed a window at a time); the workers' batches are handed out
+in turn.
 
 The state of a stream is, per split, how many of its rows ``training_step`` has consumed
 in the current epoch. After an elastic resume a rank's splits can have unequal counts; the
 rank then first serves the lagging splits until its counts are level (lowest count first,
-lower split index on ties, as lancedb does), because lancedb's loader cannot start several
-workers from uneven counts. The workers start at setup and serve every epoch, so a rank
-serves no other row in its own process (a row read there would be one more read or
-decode beside the workers').
+lower split index on ties: the *head*), so that its workers start from equal counts and
+their round-robin stays arithmetic. With several workers the head is served in the main
+process, the cycles by the workers.
 
 Every rank must take the same number of steps in an epoch (DDP pairs collectives by
 step), so :class:`RankEpochPlan` shapes each rank's remainder into the same number of

@@ -100,3 +100,17 @@ def test_truncated_checkpoint_is_named(table_dir, tmp_path):
     args = [*argv, "--ckpt-dir", str(out / "again"), "--ckpt-path", str(ckpt)]
     with pytest.raises(ValueError, match=r"checkpoint '.*step=4.ckpt' cannot be read .* truncated"):
         run(arguments().parse_args(args))
+
+
+def test_a_table_whose_files_are_gone_at_the_first_batch_names_the_table(tmp_path):
+    import shutil
+
+    from lightning_stream.demo import make_table
+
+    make_table(str(tmp_path / "db"), 240)
+    dm = LanceDataModule(str(tmp_path / "db"), "samples", num_splits=12, batch_size=4)
+    dm.setup("fit")
+    shutil.rmtree(tmp_path / "db" / "samples.lance" / "data")  # its data files, deleted
+    with pytest.raises(RuntimeError, match=r"reading table 'samples' in .* at version 1 failed"):
+        next(iter(dm.train_dataloader()))
+    dm.teardown("fit")

@@ -25,19 +25,21 @@ log = logging.getLogger(__name__)
 class LanceDataModule(StreamingDataModule):
     """Streams a LanceDB table, shuffled per epoch, with exact elastic resume.
 
-    Each rank reads its block of ``num_splits`` fixed splits, as
-    ``lancedb.streaming.StreamingDataset`` assigns rows to them for the epoch, in the
-    order lancedb's own loader would serve them, holding at most ``read_ahead_bytes``
-    of rows not yet trained on. With :class:`~lightning_stream.StreamStateCallback` (added
-    to the trainer automatically) a checkpoint at any step resumes on any world size and
-    worker count for which ``num_splits`` divides, and every row of an epoch reaches
-    ``training_step`` exactly once.
+    Each epoch the rows are cut into ``num_splits`` fixed splits of equal length (clumps
+    of storage rows in a seeded order per epoch, :mod:`lightning_stream.placement`), and
+    each rank reads its block of them, holding at most ``read_ahead_bytes`` of rows not
+    yet trained on. Nothing is held per row of the table: setup, the first batch and
+    memory do not grow with the table's size. With
+    :class:`~lightning_stream.StreamStateCallback` (added to the trainer automatically)
+    a checkpoint at any step resumes on any world size and worker count for which
+    ``num_splits`` divides, and every row of an epoch reaches ``training_step`` exactly
+    once.
 
     A batch is a dict with one Python type per column, decided at setup from the schema
     (see :mod:`lightning_stream.lance.columns` and the documentation's column types):
     numeric and fixed-size-list columns become tensors stacked along dim 0 (with a bool
-    ``<name>_valid`` tensor when the column holds nulls), strings a list of ``str``,
-    binary columns a numpy object array of ``bytes``.
+    ``<name>_valid`` tensor when the schema declares the column nullable), strings a
+    list of ``str``, binary columns a numpy object array of ``bytes``.
 
     Args:
         uri: LanceDB database URI (a directory, or any URI ``lancedb.connect`` takes).
@@ -68,16 +70,19 @@ class LanceDataModule(StreamingDataModule):
             fast: on an object store a row shuffle fetches whole storage pages for
             scattered rows (several times the table's bytes per epoch) where a clump is
             read in a few large range reads (about 1x); on local disk lance takes a clump
-            at about half the CPU of scattered rows. What they trade: a rank's batches
-            still mix rows of all its splits (one row of each split in turn, so a batch
-            of 64 from 32 splits holds rows of 32 clumps), but rows that sit next to each
-            other in storage arrive in the same split, in storage order; pass ``1`` where
-            that matters more than speed. The clumps are lancedb's
-            (``StreamingDataset(shuffle_clump_size=...)``), shuffled per (seed, epoch): the
-            same on every topology. A resume must use the same value; the checkpoint
-            records it, so resuming with another refuses.
+            at about half the CPU of scattered rows. What they trade: a batch still mixes
+            rows of every split a reader cycles over, and each split serves
+            ``POOL_CLUMPS`` (4) clumps at once (a batch of 64 from 32 splits holds rows of
+            up to 64 clumps), but rows that sit next to each other in storage arrive in
+            the same split, in storage order; pass ``1`` where that matters more than
+            speed. The clumps are put in a seeded order per (seed, epoch), the same on
+            every topology, at a cost that does not grow with the table
+            (:mod:`lightning_stream.placement`). A resume must use the same value; the
+            checkpoint records it, so resuming with another refuses.
         columns: columns to read; default ``None`` reads all.
         filter: SQL predicate selecting the training rows; default ``None`` (all rows).
+            Evaluated once per table version at setup (a scan of the columns it names)
+            into one bit per row; the epoch's order is over the selected rows.
         transform: callable applied to each collated batch (a dict) in the worker; it
             must return a dict with one entry per sample along dim 0 of every column
             (batches are cut at sample boundaries after an elastic resume) and be

@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from lightning_stream.lance.arrow import held_bytes, reordered, with_views
 from lightning_stream.lance.pace import LOCAL_PACE, ReadPace
+from lightning_stream.storage import StorageError, is_remote, storage_error
 
 # Rows of the first window at least; it brings the first batch in, and its rows give the
 # row size that sizes the windows after it.
@@ -118,34 +119,53 @@ class ArrayRows:
 
 class LanceReads:
     """Rows of ``columns`` (``None``: all) of a table at its checked-out version, by
-    storage offset: a run by a range scan, or any rows by offset."""
+    storage offset: a run by a range scan, or any rows by offset. A read that fails
+    raises one error naming the table (``opener``) and what to check."""
 
-    def __init__(self, table: Any, columns: list[str] | None) -> None:
+    def __init__(
+        self, table: Any, columns: list[str] | None, opener: TableOpener | None = None
+    ) -> None:
         self.table = table
         self.columns = columns
+        self.opener = opener
 
     def scan(self, start: int, stop: int) -> pa.Table:
         """Rows ``[start, stop)``, in storage order."""
         query = self.table.search().offset(start).limit(stop - start)
         if self.columns is not None:
             query = query.select(self.columns)
-        return self._checked(query.to_arrow(), stop - start)
+        return self._checked(query, stop - start)
 
     def take(self, offsets: np.ndarray) -> pa.Table:
         """The rows at ``offsets`` (ascending), in that order."""
         query = self.table.take_offsets(offsets.tolist())
         if self.columns is not None:
             query = query.select(self.columns)
-        return self._checked(query.to_arrow(), len(offsets))  # lance: in storage order
+        return self._checked(query, len(offsets))  # lance: in storage order
 
-    @staticmethod
-    def _checked(rows: pa.Table, asked: int) -> pa.Table:
+    def _checked(self, query: Any, asked: int) -> pa.Table:
+        try:
+            rows = query.to_arrow()
+        except Exception as exc:
+            raise self._failed(exc) from None
         if rows.num_rows != asked:
-            raise RuntimeError(
-                f"lance returned {rows.num_rows} of {asked} rows asked for: rows of the"
-                " pinned table version are gone (its files changed or were deleted)"
-            )
+            raise self._failed(f"lance returned {rows.num_rows} of {asked} rows asked for")
         return with_views(rows)
+
+    def _failed(self, cause: BaseException | str) -> Exception:
+        cause = RuntimeError(cause) if isinstance(cause, str) else cause
+        opener = self.opener
+        if opener is None:
+            return RuntimeError(f"reading the table failed: {cause}")
+        if is_remote(opener.uri):
+            error = storage_error(opener.uri, cause, opener.storage_options)
+            return StorageError(f"reading table {opener.name!r} failed: {error}")
+        return RuntimeError(
+            f"reading table {opener.name!r} in {opener.uri!r} at version {opener.version}"
+            f" failed: {cause}. The files of that version changed or are gone (removed by"
+            " table.cleanup_old_versions, or copied in part); resume from a checkpoint of a"
+            " version that still exists, or start a new run"
+        )
 
 
 def window_parts(

@@ -78,7 +78,7 @@ class ReadTask:
         if job.opener != state.opener:  # a resume pins another version
             state.opener, state.table = job.opener, job.opener()
         reader = BudgetedReader(
-            LanceReads(state.table, self.columns),
+            LanceReads(state.table, self.columns, state.opener),
             job.rows,
             self.budget,
             state.counters,
