@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 
 from lightning_stream import LanceDataModule
 from lightning_stream.demo import make_table
-from lightning_stream.lance.order import CLUMP_ROWS, CLUMPS_PER_SPLIT, POOL_CLUMPS, clump_rows
+from lightning_stream.lance.order import (
+    CLUMP_ROWS,
+    CLUMPS_PER_SPLIT,
+    POOL_CLUMPS,
+    clump_rows,
+    pool_clumps,
+)
 from lightning_stream.lance.source import LanceSource
 
 ROWS = 1000
@@ -105,3 +111,9 @@ def test_a_clumped_epoch_is_exact_and_mixes_more_clumps_than_splits(table):
     # batch of 16 holds rows of more clumps than splits
     mixed = [len(np.unique(batch // 25)) for batch in ids[:992].reshape(-1, 16)]
     assert np.mean(mixed) > 6, mixed
+
+
+def test_a_pool_holds_a_few_mib_of_clumps():
+    assert pool_clumps(4096, 76) == POOL_CLUMPS  # light rows: 0.3 MB a clump
+    assert pool_clumps(195, 22_000) == 1  # rows of 22 KB: 4.3 MB a clump
+    assert pool_clumps(4096, 512) == 2  # 2 MiB a clump

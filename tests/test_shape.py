@@ -192,3 +192,35 @@ def test_a_circle_through_deferred_and_submodule_imports_is_found(tmp_path: Path
     assert graph["pkg.sub.b"] == {"pkg.sub.c"}
     assert graph["pkg.sub.c"] == {"pkg.sub.b"}
     assert find_cycle(graph) == ["pkg.sub.b", "pkg.sub.c", "pkg.sub.b"]
+
+
+def test_no_private_name_of_lancedb_or_lance_is_used():
+    """The package uses lancedb's and lance's public API only: nothing imported from them
+    under a leading underscore, and, in a module that imports them, no attribute with one
+    read off anything but the module's own objects (``self``, ``cls``)."""
+    found = []
+    for name, path in _modules().items():
+        tree = ast.parse(path.read_text())
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                root = node.module.split(".")[0]
+                imported.add(root)
+                if root in ("lancedb", "lance"):
+                    found += [f"{name}: {node.module}.{a.name}" for a in node.names
+                              if a.name.startswith("_")]  # fmt: skip
+                    found += [f"{name}: {node.module}" for part in node.module.split(".")
+                              if part.startswith("_")]  # fmt: skip
+        if not imported & {"lancedb", "lance"}:
+            continue
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+            ):
+                found.append(f"{name}:{node.lineno}: .{node.attr}")
+    assert not found, f"private lancedb/lance names used: {found}"

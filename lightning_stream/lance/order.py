@@ -3,11 +3,11 @@
 The selected rows (all of them, or those a ``filter`` selects: ``0 .. rows``, see
 :mod:`lightning_stream.lance.selection`) form clumps of ``clump`` consecutive rows;
 :mod:`lightning_stream.placement` puts the clumps in a seeded order per (seed, epoch),
-lays them end to end, cuts them into the splits and interleaves ``POOL_CLUMPS`` clumps
-at a time within a split. All of it is arithmetic: a reader computes the rows of its next
-window of reads when it needs them, and nothing is held per row of the table or of its
-share. Computing an order costs about 0.1 microsecond a row served (a clump is located
-by arithmetic; an interleaved group is sorted once, ``clump * POOL_CLUMPS`` rows).
+lays them end to end and cuts them into the splits, and each split serves a pool of up
+to ``POOL_CLUMPS`` clumps at a time (:func:`pool_clumps`). All of it is arithmetic: a
+reader computes the rows of its next window of reads when it needs them, and nothing is
+held per row of the table or of its share; it costs a fraction of a microsecond a row
+served.
 """
 
 from __future__ import annotations
@@ -28,9 +28,22 @@ CLUMP_ROWS = 4096
 # Clumps per split at least, so that a small table is still shuffled (with one clump per
 # split, a split would hold the same rows every epoch).
 CLUMPS_PER_SPLIT = 4
-# Clumps a split serves from at once: a batch then mixes up to this many clumps per split
-# it draws on, while every clump is still read front to back.
+# Clumps a split serves from at once, at most: a batch then mixes up to this many clumps
+# per split it draws on, while every clump is still read front to back.
 POOL_CLUMPS = 4
+# Bytes of a split's pool at most: a reader that serves all 64 splits of a rank (at the
+# defaults) then holds 4 clumps of each within the default budget, 256 MiB. A pool of
+# wide rows' clumps would cut a reader's runs short (rows of 22 KB in clumps of 195: a
+# pool of 4 read at 110-125k rows/s in runs of 23 rows, 1 at 164k in runs of 95; lance's
+# take on 2 cores, scratch script), and the budget could not hold their reads.
+POOL_BYTES = 4 * 2**20
+
+
+def pool_clumps(clump: int, row_bytes: float) -> int:
+    """Clumps a split serves from at once: as many of ``clump`` rows of ``row_bytes``
+    (the table's bytes per row on storage, a property of its pinned version) as fit in
+    ``POOL_BYTES``, from 1 to ``POOL_CLUMPS``."""
+    return int(min(POOL_CLUMPS, max(1, POOL_BYTES // max(1.0, clump * row_bytes))))
 
 
 def clump_rows(requested: int | None, rows: int, num_splits: int) -> int:
@@ -56,6 +69,7 @@ class TableOrder:
         seed: the shuffle's seed.
         epoch: the epoch.
         selection: where the selected rows lie (``None``: every row is selected).
+        pool_size: clumps a split serves from at once, shuffled (:func:`pool_clumps`).
     """
 
     rows: int
@@ -65,6 +79,7 @@ class TableOrder:
     seed: int
     epoch: int
     selection: Selection | None = None
+    pool_size: int = POOL_CLUMPS
 
     @property
     def split_len(self) -> int:
@@ -78,8 +93,8 @@ class TableOrder:
 
     @property
     def pool(self) -> int:
-        """Clumps a split serves from at once."""
-        return POOL_CLUMPS if self.shuffle and self.clump > 1 else 1
+        """Clumps a split serves from at once (one unshuffled, or of single rows)."""
+        return self.pool_size if self.shuffle and self.clump > 1 else 1
 
     @cached_property
     def splits(self) -> SplitOrder:

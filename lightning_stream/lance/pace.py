@@ -40,19 +40,22 @@ class ReadPace:
         return self.workers or self
 
 
-# Local disk: windows of 16 MiB at most (64k light rows, 760 heavy ones) read in takes of
-# up to TAKE_ROWS rows: lance's best rate per row, and it holds little while it reads them
-# (windows of 64 MiB of light rows in runs of 3,400 rows, read by range scans, ran at 0.6M
-# rows/s with 0.8 GB above the start, where these ran at 1.1M with 0.2 GB; 16M rows at 0
-# workers, ``benchmarks/scale.py``). Two windows in flight keep lance decoding the next
-# while the main process makes batches of the last. A worker reads one window at a time:
-# the rank's workers together run about as many reads as its main process alone (two
-# workers: the same speed, 0.03 GB less than two windows each).
+# Local disk: windows read in takes of up to TAKE_ROWS rows, where lance holds little
+# while it reads (light rows in windows of 64 MiB, runs of 3,400 rows read by range scans,
+# ran at 0.6M rows/s with 0.8 GB above the start, where takes ran at 1.1M with 0.2 GB;
+# 16M rows at 0 workers, ``benchmarks/scale.py``). Windows of up to 64 MiB: rows of 22 KB
+# ran at 75-99k rows/s where windows of 16 MiB (a run of 6 rows of each of 128 clumps)
+# ran at 39-49k (0 workers, two epochs of 25k rows, two rounds, scratch script); narrow
+# rows are held to TAKE_ROWS a window. Two windows in flight keep lance decoding the next
+# while the main process makes batches of the last. A worker reads one window of up to
+# 16 MiB at a time: the rank's workers together run about as many reads as its main
+# process alone (two workers of 22 KB rows: 64 MiB windows held 0.14 GB more for the same
+# speed).
 LOCAL_PACE = ReadPace(
     io_threads=4,
     windows=2,
     growth=4,
-    window_bytes=16 * 2**20,
+    window_bytes=64 * 2**20,
     run_bytes=16 * 2**10,
     workers=ReadPace(
         io_threads=1, windows=1, growth=4, window_bytes=16 * 2**20, run_bytes=16 * 2**10

@@ -13,7 +13,13 @@ import pyarrow as pa
 
 from lightning_stream.batching import Batch
 from lightning_stream.lance.columns import BatchMaker, ColumnTypes
-from lightning_stream.lance.order import ReaderRows, StorageRows, TableOrder, clump_rows
+from lightning_stream.lance.order import (
+    ReaderRows,
+    StorageRows,
+    TableOrder,
+    clump_rows,
+    pool_clumps,
+)
 from lightning_stream.lance.pace import LOCAL_PACE, REMOTE_PACE
 from lightning_stream.lance.reader import ReadCounters, RowOrder, TableOpener
 from lightning_stream.lance.selection import Selection, select_rows
@@ -129,8 +135,9 @@ class LanceSource:
         self.selection = self._select()
         self.rows = self.selection.count if self.selection else self._count_rows()
         self.split_len = self.rows // self.num_splits
-        # rows per clump (1: single rows), from the rows of this version
+        # rows per clump (1: single rows) and clumps per pool, from this version's rows
         self.shuffle_clump_size = clump_rows(self.requested_clump_size, self.rows, self.num_splits)
+        self.pool_size = pool_clumps(self.shuffle_clump_size, self._row_bytes())
         self.types = ColumnTypes.of_schema(self.table.schema, self.columns)
 
     def _select(self) -> Selection | None:
@@ -147,6 +154,11 @@ class LanceSource:
                 f" {self.uri!r}: {exc}. Pass a SQL predicate over the table's columns, e.g."
                 ' "label = 3"'
             ) from exc
+
+    def _row_bytes(self) -> float:
+        """The table's bytes per row on storage (its manifest's figures: no data read)."""
+        stats = self.table.stats()
+        return stats["total_bytes"] / max(1, stats["num_rows"])
 
     def _count_rows(self) -> int:
         try:
@@ -195,6 +207,7 @@ class LanceSource:
             seed=self.shuffle_seed,
             epoch=epoch,
             selection=self.selection,
+            pool_size=self.pool_size,
         )
 
     def storage_rows(self, start: int, stop: int) -> StorageRows:
