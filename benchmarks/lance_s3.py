@@ -22,7 +22,8 @@ Reported per shuffle setting and worker count, over the rounds (median and range
   process's heaps grown: its first epoch touches every page of memory its reads will use
   afresh). Every other figure is the first epoch's;
 - bytes/table: the response bodies of every GET the server sent from after ``setup``
-  to the epoch's end (counted on the server side) over the table's bytes; next: the
+  (with ``--trainer``, from before it) to the epoch's end (counted on the server side)
+  over the table's bytes; next: the
   same from the first epoch's end to the second's. The two epochs are a run's last
   (the stream's ``last_epoch`` set as ``max_epochs=2`` sets it), so the readers begin
   the second epoch during the first, and those reads count in the first, but read
@@ -141,12 +142,13 @@ class _Probe:
         self.at_first: dict[str, float] = {}
         self.result: dict = {}
 
-    def epoch_started(self) -> None:
+    def epoch_started(self, reset_bytes: bool = True) -> None:
         from tests.s3_server import bytes_served, cpu_seconds
 
         self.cpu = time.process_time()
         if self.endpoint:
-            bytes_served(self.endpoint, reset=True)
+            if reset_bytes:
+                bytes_served(self.endpoint, reset=True)
             self.store_cpu = cpu_seconds(self.endpoint)
 
     def first_batch(self) -> None:
@@ -210,7 +212,7 @@ def _fit(dm, probe: _Probe, step_ms: float) -> dict:
     class Probing(pl.Callback):
         def on_train_epoch_start(self, trainer, module) -> None:
             if trainer.current_epoch == 0:
-                probe.epoch_started()
+                probe.epoch_started(reset_bytes=False)  # setup's reads count too
 
         def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
             if trainer.current_epoch == 0 and batch_idx == 0:
@@ -226,6 +228,10 @@ def _fit(dm, probe: _Probe, step_ms: float) -> dict:
                 )
 
     model = NoOpModel(step_ms)
+    if probe.endpoint:
+        from tests.s3_server import bytes_served
+
+        bytes_served(probe.endpoint, reset=True)
     quiet_trainer(max_epochs=2, callbacks=[Probing()]).fit(model, datamodule=dm)
     return probe.result
 
