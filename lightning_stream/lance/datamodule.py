@@ -65,17 +65,17 @@ class LanceDataModule(StreamingDataModule):
         shuffle_clump_size: shuffle clumps of this many storage-order rows that stay
             together instead of single rows; ``1`` shuffles single rows. Default ``None``:
             clumps of ``CLUMP_ROWS`` (4,096) rows, or fewer on a table of fewer than
-            ``CLUMP_ROWS * CLUMPS_PER_SPLIT * num_splits`` rows, so that every split
-            holds at least ``CLUMPS_PER_SPLIT`` (4) clumps. Clumps are what make reads
-            fast: on an object store a row shuffle fetches whole storage pages for
-            scattered rows (several times the table's bytes per epoch) where a clump is
-            read in a few large range reads (about 1x); on local disk lance takes a clump
-            at about half the CPU of scattered rows. What they trade: a batch still mixes
-            rows of every split a reader cycles over, and each split serves
-            ``POOL_CLUMPS`` (4) clumps at once (a batch of 64 from 32 splits holds rows of
-            up to 64 clumps), but rows that sit next to each other in storage arrive in
-            the same split, in storage order; pass ``1`` where that matters more than
-            speed. The clumps are put in a seeded order per (seed, epoch), the same on
+            ``CLUMP_ROWS * CLUMPS_PER_SPLIT * num_splits`` rows, so that every split holds
+            at least ``CLUMPS_PER_SPLIT`` (4) clumps. Clumps are what make reads fast: on an
+            object store a row shuffle fetches whole storage pages for scattered rows
+            (several times the table's bytes per epoch) where a clump is read in a few large
+            range reads (about 1x); on local disk lance takes a clump at about half the CPU
+            of scattered rows. What they trade: a batch still mixes rows of every split a
+            reader cycles over, and each split serves up to ``POOL_CLUMPS`` (4) clumps at
+            once, as many as fit in ``POOL_BYTES`` (4 MiB) (a batch of 64 from 32 splits
+            holds rows of up to 64 clumps), but rows that sit next to each other in storage
+            arrive in the same split, in storage order; pass ``1`` where that matters more
+            than speed. The clumps are put in a seeded order per (seed, epoch), the same on
             every topology, at a cost that does not grow with the table
             (:mod:`lightning_stream.placement`). A resume must use the same value; the
             checkpoint records it, so resuming with another refuses.
