@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Protocol
 
 import numpy as np
 
@@ -105,26 +106,25 @@ class Permutation:
         return self._walk(item, forward=False)
 
 
-class Layout:
+class Layout(Protocol):
     """Items laid end to end: where each position starts, and which item it holds."""
 
-    total: int  # rows of all items
+    @property
+    def total(self) -> int:
+        """Rows of all items."""
 
     def start(self, position: np.ndarray) -> np.ndarray:
         """The laid offset of each position's first row (``total`` past the last)."""
-        raise NotImplementedError
 
     def locate(self, offset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The position holding each laid offset, and the offset's row within its item."""
-        raise NotImplementedError
 
     def item(self, position: np.ndarray) -> np.ndarray:
         """The item at each position."""
-        raise NotImplementedError
 
 
 @dataclass(frozen=True)
-class ClumpLayout(Layout):
+class ClumpLayout:
     """``total`` rows in clumps of ``size`` (the last one shorter when ``size`` does not
     divide), item ``i`` holding rows ``[i * size, (i + 1) * size)``, laid in the order of
     ``permutation`` (``None``: storage order). Located by arithmetic: nothing per clump."""
@@ -168,7 +168,7 @@ class ClumpLayout(Layout):
 
 
 @dataclass(frozen=True)
-class LengthLayout(Layout):
+class LengthLayout:
     """Items of the given ``lengths`` (episodes), laid in the order of ``permutation``
     (``None``: as given); one array of starts, a position each."""
 

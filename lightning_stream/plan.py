@@ -244,17 +244,6 @@ class RankEpochPlan:
 
 
 @dataclass(frozen=True)
-class Run:
-    """Rows ``[start, stop)`` of split ``split``, served at ``slot`` of a window (a slice
-    or index array)."""
-
-    split: int
-    start: int
-    stop: int
-    slot: slice | np.ndarray
-
-
-@dataclass(frozen=True)
 class ReaderOrder:
     """The ``(split, position)`` of every row one reader serves, in its order, a window at
     a time: nothing per row of the reader's share is held.
@@ -288,38 +277,17 @@ class ReaderOrder:
         cycles = self.plan.split_len - self.plan.level
         return len(self._head[0]) + len(self.splits) * cycles
 
-    def runs(self, start: int, stop: int) -> Iterator[Run]:
-        """The rows at serving positions ``[start, stop)``, as one run per split."""
+    def positions(self, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(split, position)`` of the rows at serving positions ``[start, stop)``: the
+        head's rows, then one row of each split in turn from ``plan.level``."""
+        stop = len(self) if stop is None else stop
         heads, positions = self._head
         head = len(heads)
-        if start < head:
-            window = slice(start, min(stop, head))
-            for split in np.unique(heads[window]).tolist():
-                slot = np.flatnonzero(heads[window] == split)
-                at = positions[window][slot]  # a split's head rows are consecutive
-                yield Run(split, int(at[0]), int(at[-1]) + 1, slot)
-        first, last = max(start, head) - head, stop - head
-        if last <= first:
-            return
-        width = len(self.splits)
-        for local, split in enumerate(self.splits):
-            served = first + (local - first) % width  # its first row in the window
-            if served >= last:
-                continue
-            count = (last - 1 - served) // width + 1
-            cycle = self.plan.level + served // width
-            offset = max(start, head) - start + served - first
-            yield Run(split, cycle, cycle + count, slice(offset, offset + width * count, width))
-
-    def positions(self, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """``(split, position)`` of the rows at serving positions ``[start, stop)``."""
-        stop = len(self) if stop is None else stop
-        splits = np.empty(stop - start, dtype=np.int64)
-        positions = np.empty(stop - start, dtype=np.int64)
-        for run in self.runs(start, stop):
-            splits[run.slot] = run.split
-            positions[run.slot] = np.arange(run.start, run.stop)
-        return splits, positions
+        cycle = np.arange(max(start, head), max(stop, head), dtype=np.int64) - head
+        width = max(1, len(self.splits))
+        splits = np.concatenate([heads[start:stop], self.splits.start + cycle % width])
+        rows = np.concatenate([positions[start:stop], self.plan.level + cycle // width])
+        return splits, rows
 
 
 def full_epoch_steps(num_splits: int, split_len: int, world_size: int, batch_size: int) -> int:

@@ -2,14 +2,34 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from lightning_stream import ledger
 from lightning_stream.demo import make_table
 
 ROWS = 240  # 12 splits of 20 rows, no surplus
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A reader's rows held as one array of storage offsets, served from ``width`` clumps
+    of ``run_rows`` rows at once (a ``RowOrder`` of ``lightning_stream.lance.reader``)."""
+
+    offsets: np.ndarray
+    width: int = 1
+    run_rows: int = 1
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __call__(self, start: int, stop: int) -> np.ndarray:
+        return self.offsets[start:stop]
+
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = "lightning_stream.demo"
 

@@ -12,7 +12,7 @@ from lightning_stream.lance.arrow import held_bytes
 from lightning_stream.lance.reader import BudgetedReader, LanceReads, ReadCounters
 from lightning_stream.workers.slots import plain
 
-from .conftest import HEAVY_ROWS
+from .conftest import HEAVY_ROWS, Rows
 
 NUM_SPLITS = 12  # 100 rows per split: no surplus
 EXPECTED = {
@@ -118,7 +118,7 @@ def test_rows_come_back_in_the_order_asked_with_their_nulls(tmp_path):
         "t", pa.table({"id": ids, "name": names, "blob": pa.array(blobs, pa.binary())})
     )
     row_ids = np.random.default_rng(0).permutation(3000)  # storage offsets
-    reader = BudgetedReader(LanceReads(table, None), row_ids, 2**30, ReadCounters(1), 0)
+    reader = BudgetedReader(LanceReads(table, None), Rows(row_ids), 2**30, ReadCounters(1), 0)
     reader.window_rows = 3000  # one window
     (rows,) = reader.tables()
     assert rows.schema.field("blob").type == pa.binary_view()  # views over lance's buffers

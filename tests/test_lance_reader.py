@@ -2,7 +2,6 @@
 
 import threading
 import time
-from dataclasses import dataclass
 
 import lancedb
 import numpy as np
@@ -19,27 +18,11 @@ from lightning_stream.lance.reader import (
 )
 from lightning_stream.lance.synthetic import heavy_rows
 
-from .conftest import HEAVY_ROWS
+from .conftest import HEAVY_ROWS, Rows
 
 CLUMP = 40
 SPLITS = 6
 BUDGET = 2_000_000
-
-
-@dataclass(frozen=True)
-class Clumps:
-    """Clumps of ``CLUMP`` storage rows dealt to ``SPLITS`` splits, served one row of each
-    split in turn, as a reading process serves its splits."""
-
-    offsets: np.ndarray
-    width: int = SPLITS
-    run_rows: int = CLUMP
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def __call__(self, start: int, stop: int) -> np.ndarray:
-        return self.offsets[start:stop]
 
 
 class Recorded(LanceReads):
@@ -74,7 +57,8 @@ class Recorded(LanceReads):
 
 
 def serve(uri: str, pace: ReadPace, first: int = 16) -> dict:
-    """Every row of the heavy table through a BudgetedReader (see :class:`Clumps`): the
+    """Every row of the heavy table through a BudgetedReader, in clumps of ``CLUMP``
+    storage rows dealt to ``SPLITS`` splits and served one row of each split in turn: the
     ids served, the reads asked for, the bytes held at each window and the largest."""
     table = lancedb.connect(uri).open_table("heavy")
     clumps = np.random.default_rng(0).permutation(HEAVY_ROWS // CLUMP)
@@ -85,7 +69,7 @@ def serve(uri: str, pace: ReadPace, first: int = 16) -> dict:
     positions = np.stack(splits, axis=1).reshape(-1)  # storage positions, serving order
     reads = Recorded(table, ["id", "jpeg"])
     counters = ReadCounters(1)
-    reader = BudgetedReader(reads, Clumps(positions), BUDGET, counters, 0, pace)
+    reader = BudgetedReader(reads, Rows(positions, SPLITS, CLUMP), BUDGET, counters, 0, pace)
     reader.window_rows = first
     served, jpegs, held, largest, sizes = [], [], [], 0, []
     for rows in reader.tables():
@@ -154,7 +138,7 @@ def test_single_rows_are_read_in_takes_of_bounded_size(tmp_path):
     reads = Takes(lancedb.connect(str(tmp_path)).open_table("samples"), ["id"])
     order = np.random.default_rng(0).permutation(150_000)  # single rows: no runs
     pace = ReadPace(io_threads=4, windows=2, growth=4, window_bytes=2**30, run_bytes=2**20)
-    reader = BudgetedReader(reads, order, 2**30, ReadCounters(1), 0, pace)
+    reader = BudgetedReader(reads, Rows(order), 2**30, ReadCounters(1), 0, pace)
     served = [i for part in reader.tables() for i in part["id"].to_pylist()]
     assert served == order.tolist()
     assert max(reads.sizes) <= TAKE_ROWS < sum(reads.sizes)

@@ -6,8 +6,7 @@ The selected rows (all of them, or those a ``filter`` selects: ``0 .. rows``, se
 lays them end to end and cuts them into the splits, and each split serves a pool of up
 to ``POOL_CLUMPS`` clumps at a time (:func:`pool_clumps`). All of it is arithmetic: a
 reader computes the rows of its next window of reads when it needs them, and nothing is
-held per row of the table or of its share; it costs a fraction of a microsecond a row
-served.
+held per row of the table or of its share.
 """
 
 from __future__ import annotations
@@ -33,9 +32,9 @@ CLUMPS_PER_SPLIT = 4
 POOL_CLUMPS = 4
 # Bytes of a split's pool at most: a reader that serves all 64 splits of a rank (at the
 # defaults) then holds 4 clumps of each within the default budget, 256 MiB. A pool of
-# wide rows' clumps would cut a reader's runs short (rows of 22 KB in clumps of 195: a
-# pool of 4 read at 110-125k rows/s in runs of 23 rows, 1 at 164k in runs of 95; lance's
-# take on 2 cores, scratch script), and the budget could not hold their reads.
+# wide rows' clumps would cut a reader's runs to a few rows each, which lance reads at a
+# higher cost per row, and the budget could not hold their reads (figures:
+# docs/benchmarks.md, "Reader settings").
 POOL_BYTES = 4 * 2**20
 
 

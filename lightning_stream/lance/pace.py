@@ -40,18 +40,15 @@ class ReadPace:
         return self.workers or self
 
 
-# Local disk: windows read in takes of up to TAKE_ROWS rows, where lance holds little
-# while it reads (light rows in windows of 64 MiB, runs of 3,400 rows read by range scans,
-# ran at 0.6M rows/s with 0.8 GB above the start, where takes ran at 1.1M with 0.2 GB;
-# 16M rows at 0 workers, ``benchmarks/scale.py``). Windows of up to 64 MiB: rows of 22 KB
-# ran at 75-99k rows/s where windows of 16 MiB (a run of 6 rows of each of 128 clumps)
-# ran at 39-49k (0 workers, two epochs of 25k rows, two rounds, scratch script); narrow
-# rows are held to TAKE_ROWS a window. Two windows in flight keep lance decoding the next
-# while the main process makes batches of the last. A worker reads one window of up to
-# 16 MiB at a time: the rank's workers together run about as many reads as its main
-# process alone (two workers of 22 KB rows: 64 MiB windows held 0.14 GB more for the same
-# speed). Eight threads, four takes a window: takes of 16 MB rather than 32 cost 22 KB rows
-# 14-17 us of CPU a row instead of 15-20 (3 rounds of 3 epochs, scratch script).
+# Local disk: windows read in takes of up to TAKE_ROWS rows (lance holds little while it
+# takes them; a window of long runs read by range scans held far more and ran slower).
+# Windows of wide rows grow to 64 MiB, so that each of the many clumps a window serves
+# from gives a run of more than a few rows (lance's cost per row falls with the run), in
+# four takes of about 16 MB on eight threads (32 MB takes cost more CPU a row). Two
+# windows in flight keep lance decoding the next while the main process makes batches of
+# the last. A worker reads one window of up to 16 MiB at a time: the rank's workers
+# together run about as many reads as its main process alone, in less memory.
+# Figures: docs/benchmarks.md, "Reader settings".
 LOCAL_PACE = ReadPace(
     io_threads=8,
     windows=2,
@@ -67,9 +64,8 @@ LOCAL_PACE = ReadPace(
 # runs of 1 MiB (whole clumps of light rows), read by range scans where they are long,
 # and full windows straight after the first one (which brings the first batch in). One
 # window in flight, of up to half the budget, holds the longest runs the budget allows
-# (22 KB rows: 1,566 GETs an epoch where two windows of a third took 2,550); its many
-# reads at once hide the round trips. A worker runs half as many (two workers of 22 KB
-# rows on one core: 16 each ran at 0.71 of local, 8 at 0.83; one run each, scratch script).
+# (fewer GETs than two windows of a third); its many reads at once hide the round trips.
+# A worker runs half as many, which two workers on one core run faster.
 _REMOTE = ReadPace(
     io_threads=16,
     windows=1,

@@ -35,11 +35,11 @@ from lightning_stream.storage import StorageError, is_remote, storage_error
 # Rows of the first window at least; it brings the first batch in, and its rows give the
 # row size that sizes the windows after it.
 FIRST_READ_ROWS = 16
-# Rows of one take at most: lance takes rows by offset at a fixed cost per row, and holds
-# up to 1 KB a row while it does (a take of 220k light rows, 17 MB, held 0.2 GB), where a
-# range scan costs about 1 ms and little memory beyond its rows (light rows in runs of
-# 4,096 scanned at 2.1M rows/s and taken at 1.2M; in runs of 1,024, 0.7M and 1.0M). A
-# window is read in several takes, on as many threads.
+# Rows of one take at most: lance takes rows by offset at a fixed cost per row and holds
+# memory per row while it does, far more than the rows' own bytes for narrow rows, where a
+# range scan has a fixed cost per call and holds little beyond its rows (so long runs
+# are scanned where a pace says so). A window is read in several takes, on as many
+# threads. Figures: docs/benchmarks.md, "Reader settings".
 TAKE_ROWS = 2**16
 
 
@@ -102,21 +102,6 @@ class RowOrder(Protocol):
         """Storage offsets of the rows served at ``[start, stop)``."""
 
 
-@dataclass(frozen=True)
-class ArrayRows:
-    """A :class:`RowOrder` held as one array of storage offsets, in no known clumps."""
-
-    offsets: np.ndarray
-    width: int = 1
-    run_rows: int = 1
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def __call__(self, start: int, stop: int) -> np.ndarray:
-        return self.offsets[start:stop]
-
-
 class LanceReads:
     """Rows of ``columns`` (``None``: all) of a table at its checked-out version, by
     storage offset: a run by a range scan, or any rows by offset. A read that fails
@@ -177,14 +162,12 @@ def window_parts(
     16 rows each."""
     cuts = np.flatnonzero(np.diff(offsets) != 1) + 1
     bounds = np.concatenate([[0], cuts, [len(offsets)]])
-    long = np.flatnonzero(np.diff(bounds) >= (scan_rows or len(offsets) + 1))
+    lengths = np.diff(bounds)
+    long = lengths >= (scan_rows or len(offsets) + 1)
     parts: list[tuple[str, np.ndarray]] = [
-        ("scan", offsets[bounds[run] : bounds[run + 1]]) for run in long.tolist()
+        ("scan", offsets[bounds[run] : bounds[run + 1]]) for run in np.flatnonzero(long).tolist()
     ]
-    short = np.ones(len(offsets), dtype=bool)
-    for _, run in parts:
-        short[np.searchsorted(offsets, run[0]) : np.searchsorted(offsets, run[-1]) + 1] = False
-    rest = offsets[short]
+    rest = offsets[~np.repeat(long, lengths)]
     if len(rest):
         count = max(-(-len(rest) // TAKE_ROWS), min(pieces, -(-len(rest) // 16)))
         parts += [("take", part) for part in np.array_split(rest, count)]
@@ -205,8 +188,7 @@ class BudgetedReader:
 
     Args:
         reads: the table's rows by storage offset (:class:`LanceReads`).
-        rows: the rows' storage offsets, in serving order: an array, or a
-            :class:`RowOrder` that computes them a window at a time.
+        rows: the rows' storage offsets, in serving order, computed a window at a time.
         budget: bytes this reader may hold: windows in flight plus rows read and not yet
             handed out. One window is always allowed, so a row larger than the budget is
             still served.
@@ -218,7 +200,7 @@ class BudgetedReader:
     def __init__(
         self,
         reads: LanceReads,
-        rows: np.ndarray | RowOrder,
+        rows: RowOrder,
         budget: int,
         counters: ReadCounters,
         reader: int,
@@ -226,7 +208,7 @@ class BudgetedReader:
     ) -> None:
         self.reads = reads
         self.pace = pace
-        self.rows = ArrayRows(rows) if isinstance(rows, np.ndarray) else rows
+        self.rows = rows
         self.budget = budget
         self.counters = counters
         self.reader = reader

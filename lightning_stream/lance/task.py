@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from lightning_stream.allocator import keep_read_buffers
@@ -43,7 +42,7 @@ class ReadJob:
     in the reader (a ``transform``).
     """
 
-    rows: np.ndarray | RowOrder
+    rows: RowOrder
     sizes: Sequence[int]
     opener: TableOpener
     make: Callable[[pa.Table], Any] | None = None

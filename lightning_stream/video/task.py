@@ -13,9 +13,11 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from lightning_stream.plan import RankEpochPlan
+from lightning_stream.plan import RankEpochPlan, ReaderOrder
 from lightning_stream.video.reader import EpisodeReader, VideoSpec
 from lightning_stream.video.windows import Batch, assemble
+
+POSITIONS_WINDOW = 4096  # anchors whose positions are computed at once
 
 
 @dataclass(frozen=True)
@@ -31,16 +33,12 @@ class DecodeJob:
 
 
 def reader_positions(plan: RankEpochPlan, splits: range, head: bool) -> Iterator[tuple[int, int]]:
-    """(split, position) of every anchor one reader serves, in the plan's order."""
-    if head:
-        counts = dict(zip(plan.splits, plan.start, strict=True))
-        for local in plan.head:
-            split = plan.splits[local]
-            yield split, counts[split]
-            counts[split] += 1
-    for position in range(plan.level, plan.split_len):
-        for split in splits:
-            yield split, position
+    """(split, position) of every anchor one reader serves, in the plan's order
+    (:class:`~lightning_stream.plan.ReaderOrder`), computed a window at a time."""
+    order = ReaderOrder(plan, splits, head)
+    for start in range(0, len(order), POSITIONS_WINDOW):
+        split, position = order.positions(start, min(start + POSITIONS_WINDOW, len(order)))
+        yield from zip(split.tolist(), position.tolist(), strict=True)
 
 
 def job_positions(job: DecodeJob) -> Iterator[tuple[int, int]]:
