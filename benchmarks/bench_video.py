@@ -38,6 +38,11 @@ to ``1.5 x budget + 60 MB`` and to the largest ``loader/resident_bytes`` (decode
 held, summed over the workers); the epoch's exactness (every anchor once) and decoded
 frames per delivered frame.
 
+    python benchmarks/bench_video.py --scale [--sizes 1000,10000,100000]
+
+``--scale``: setup, first batch, windows/s and memory on LeRobot-layout datasets of 1k to
+100k episodes (``benchmarks/video_scale.py`` says how).
+
     python benchmarks/bench_video.py --s3 [--latency-ms 20]
 
 ``--s3`` starts an S3-protocol server on 127.0.0.1 (moto, ``tests/s3_server.py``) that
@@ -372,6 +377,11 @@ def compare_memory(root: Path) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--scale"]:
+        import video_scale
+
+        video_scale.main(sys.argv[2:])
+        return
     if sys.argv[1:2] == ["--one"]:
         workers, root, sidecars, epochs, step_ms = sys.argv[2:7]
         hand_back(workers_run(root, sidecars, int(workers), int(epochs), float(step_ms)))

@@ -117,7 +117,7 @@ def build_sidecars(
 
     dataset = open_dataset(root, fs=pyarrow_filesystem(root, storage_options)[0])
     cache = cache_dir or default_sidecar_dir()
-    files = sorted({path for e in dataset.episodes for path, _ in e.videos.values()})
+    files = sorted({path for paths in dataset.episodes.video_files.values() for path in paths})
     key = root if "://" in root else os.path.abspath(root)
     for relative in files:
         video = VideoFile(dataset.fs, dataset.path(relative))

@@ -186,12 +186,12 @@ class VideoEpisodeDataModule(StreamingDataModule):
     def setup(self, stage: str) -> None:
         if stage != "fit":
             return
-        _, world_size = self._rank_and_world()
+        rank, world_size = self._rank_and_world()
         check_topology(self.spec.num_splits, world_size, self.num_workers)
         if self.num_workers:
             check_sendable(self.spec.image_transforms, "image_transforms")
         try:
-            source = VideoSource(self.spec)
+            source = VideoSource(self.spec, rank)
         except OSError as exc:
             if not is_remote(self.root) or isinstance(exc, StorageError):
                 raise

@@ -96,11 +96,18 @@ class CameraFrames:
 @dataclass
 class ResidentChunk:
     """A chunk of one split whose anchors are being served: per camera, its frames
-    (``first[camera]`` is the episode frame at local position 0)."""
+    (``first[camera]`` is the episode frame at local position 0), and the per-frame
+    Parquet rows its windows take (from episode frame ``row_first``)."""
 
     last: int  # the split position of the chunk's last anchor
+    row_first: int
+    rows: dict[str, np.ndarray]
     cameras: dict[str, CameraFrames] = field(default_factory=dict)
     first: dict[str, int] = field(default_factory=dict)
+
+    def row(self, column: str, frames: np.ndarray | int) -> np.ndarray:
+        """``column``'s values at episode frames ``frames``."""
+        return self.rows[column][np.asarray(frames) - self.row_first]
 
     def window(self, camera: str, frames: np.ndarray) -> np.ndarray:
         """``[T, H, W, 3]`` frames of ``camera`` at episode frames ``frames``."""

@@ -14,8 +14,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -31,11 +31,36 @@ def filesystem(root: str, fs: pafs.FileSystem | None = None) -> tuple[pafs.FileS
 
 
 @dataclass(frozen=True)
-class Episode:
-    index: int
-    length: int
-    data_file: str
-    videos: dict[str, tuple[str, float]]  # camera -> (video file, from_timestamp)
+class Episodes:
+    """The selected episodes, in index order, one array entry each (a *slot*): an array
+    per field rather than an object per episode, so 100k episodes cost a few MB."""
+
+    index: np.ndarray  # episode_index
+    length: np.ndarray  # frames
+    data_file: np.ndarray  # position in data_files
+    data_files: tuple[str, ...]
+    video_file: dict[str, np.ndarray]  # camera -> position in video_files[camera]
+    video_files: dict[str, tuple[str, ...]]
+    from_timestamp: dict[str, np.ndarray]  # camera -> the episode's start in its file (s)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def video(self, slot: int, camera: str) -> tuple[str, float]:
+        """The MP4 holding the episode at ``slot`` for ``camera``, and its start there."""
+        file = self.video_files[camera][self.video_file[camera][slot]]
+        return file, float(self.from_timestamp[camera][slot])
+
+    def data(self, slot: int) -> str:
+        """The Parquet file holding the per-frame rows of the episode at ``slot``."""
+        return self.data_files[self.data_file[slot]]
+
+    def files(self) -> list[str]:
+        """Every data and video file of the selected episodes."""
+        used = [self.data_files[i] for i in np.unique(self.data_file)]
+        for camera, files in self.video_files.items():
+            used += [files[i] for i in np.unique(self.video_file[camera])]
+        return sorted(used)
 
 
 @dataclass
@@ -46,7 +71,7 @@ class LeRobotDataset:
     fps: float
     cameras: list[str]
     features: dict[str, Any]
-    episodes: list[Episode]
+    episodes: Episodes
     tasks: dict[int, str]
     stats: dict[str, dict[str, Any]] | None
 
@@ -57,14 +82,22 @@ class LeRobotDataset:
         with self.fs.open_input_file(self.path(relative)) as handle:
             return handle.read()
 
-    def frames(self, columns: list[str]) -> pa.Table:
-        """Per-frame Parquet rows of the selected episodes (``columns`` plus ids)."""
-        wanted = list(dict.fromkeys([*ID_COLUMNS, *columns]))
-        files = sorted({e.data_file for e in self.episodes})
-        tables = [pq.read_table(self.path(f), columns=wanted, filesystem=self.fs) for f in files]
-        table = pa.concat_tables(tables)
-        keep = pc.is_in(table["episode_index"], pa.array([e.index for e in self.episodes]))
-        return table.filter(keep)
+    def frame_shape(self, camera: str) -> tuple[int, int]:
+        """``(height, width)`` of ``camera``'s frames, as ``meta/info.json`` declares them
+        (``info.video.height``/``width``, else ``shape`` by its ``names``)."""
+        feature = self.features[camera]
+        info = feature.get("info") or {}
+        if "video.height" in info and "video.width" in info:
+            return int(info["video.height"]), int(info["video.width"])
+        shape = feature.get("shape")
+        names = list(feature.get("names") or ["height", "width", "channels"])
+        if not shape or "height" not in names or "width" not in names:
+            raise ValueError(
+                f"meta/info.json of {self.root!r}: camera {camera!r} declares no frame size"
+                " (its 'shape' with 'names' height and width, or 'info' video.height and"
+                " video.width): add them, as LeRobot writes them"
+            )
+        return int(shape[names.index("height")]), int(shape[names.index("width")])
 
 
 def open_dataset(
@@ -91,40 +124,61 @@ def open_dataset(
     )
     if not episode_files:
         raise FileNotFoundError(f"no episode metadata under {base}/meta/episodes")
-    table = pa.concat_tables(pq.read_table(f, filesystem=fs) for f in episode_files)
-    _check_camera_columns(cameras, table.column_names, f"{base}/meta/episodes")
-    data_template, video_template = info["data_path"], info["video_path"]
-    rows = table.to_pylist()
-    known = {row["episode_index"] for row in rows}
+    where = f"{base}/meta/episodes"
+    _check_camera_columns(cameras, pq.read_schema(episode_files[0], filesystem=fs).names, where)
+    columns = ["episode_index", "length", "data/chunk_index", "data/file_index"]
+    columns += [f"videos/{camera}/{name}" for camera in cameras for name in VIDEO_COLUMNS]
+    table = pa.concat_tables(
+        pq.read_table(f, columns=columns, filesystem=fs) for f in episode_files
+    )
+    index = table["episode_index"].to_numpy()
+    keep = np.argsort(index, kind="stable")
     if episodes is not None:
-        unknown = sorted(set(episodes) - known)
-        if unknown:
+        wanted = np.asarray(episodes, dtype=np.int64)
+        unknown = np.setdiff1d(wanted, index)
+        if len(unknown):
             raise ValueError(
-                f"episodes={unknown} are not in {root!r} (it has {len(known)} episodes)"
+                f"episodes={unknown.tolist()} are not in {root!r} (it has {len(index)} episodes)"
             )
-        rows = [row for row in rows if row["episode_index"] in set(episodes)]
-    selected = []
-    for row in sorted(rows, key=lambda r: r["episode_index"]):
-        data_file = data_template.format(
-            chunk_index=row["data/chunk_index"], file_index=row["data/file_index"]
+        keep = keep[np.isin(index[keep], wanted)]
+    selected = table.take(pa.array(keep))
+
+    def files(prefix: str, template: str, **names: str) -> tuple[np.ndarray, tuple[str, ...]]:
+        chunk = selected[f"{prefix}/chunk_index"].to_numpy().astype(np.int64)
+        file = selected[f"{prefix}/file_index"].to_numpy().astype(np.int64)
+        pairs, position = np.unique(np.stack([chunk, file], axis=1), axis=0, return_inverse=True)
+        paths = tuple(
+            template.format(chunk_index=c, file_index=f, **names) for c, f in pairs.tolist()
         )
-        videos = {
-            camera: (
-                video_template.format(
-                    video_key=camera,
-                    chunk_index=row[f"videos/{camera}/chunk_index"],
-                    file_index=row[f"videos/{camera}/file_index"],
-                ),
-                float(row[f"videos/{camera}/from_timestamp"]),
-            )
-            for camera in cameras
-        }
-        selected.append(Episode(row["episode_index"], row["length"], data_file, videos))
+        return position.reshape(-1).astype(np.int32), paths
+
+    data_file, data_files = files("data", info["data_path"])
+    video = {
+        camera: files(f"videos/{camera}", info["video_path"], video_key=camera)
+        for camera in cameras
+    }
     return LeRobotDataset(
-        root=root, fs=fs, base=base, fps=float(info["fps"]), cameras=cameras,
-        features=features, episodes=selected, tasks=read_tasks(fs, base),
+        root=root,
+        fs=fs,
+        base=base,
+        fps=float(info["fps"]),
+        cameras=cameras,
+        features=features,
+        episodes=Episodes(
+            index=selected["episode_index"].to_numpy().astype(np.int64),
+            length=selected["length"].to_numpy().astype(np.int64),
+            data_file=data_file,
+            data_files=data_files,
+            video_file={camera: found[0] for camera, found in video.items()},
+            video_files={camera: found[1] for camera, found in video.items()},
+            from_timestamp={
+                camera: selected[f"videos/{camera}/from_timestamp"].to_numpy().astype(np.float64)
+                for camera in cameras
+            },
+        ),
+        tasks=read_tasks(fs, base),
         stats=read_stats(fs, base),
-    )  # fmt: skip
+    )
 
 
 def _check_camera_columns(cameras: list[str], columns: list[str], where: str) -> None:
@@ -175,17 +229,30 @@ def read_stats(fs: pafs.FileSystem, base: str) -> dict[str, dict[str, Any]] | No
         return json.loads(handle.read())
 
 
-def check_video_files(dataset: LeRobotDataset) -> None:
-    """Fail, naming camera and file, when a selected episode's MP4 does not exist."""
-    files: dict[str, tuple[str, int]] = {}
-    for episode in dataset.episodes:
-        for camera, (relative, _) in episode.videos.items():
-            files.setdefault(relative, (camera, episode.index))
-    infos = dataset.fs.get_file_info([dataset.path(relative) for relative in files])
-    for (relative, (camera, episode)), info in zip(files.items(), infos, strict=True):
-        if info.type != pafs.FileType.File:
+def file_sizes(dataset: LeRobotDataset) -> dict[str, int]:
+    """The size of every data and video file of the selected episodes, from listings of
+    ``data/`` and ``videos/`` (a few requests on an object store, not one per file); a
+    missing MP4 fails naming its camera and an episode stored in it."""
+    listed: dict[str, int] = {}
+    for folder in ("data", "videos"):
+        selector = pafs.FileSelector(dataset.path(folder), recursive=True, allow_not_found=True)
+        for info in dataset.fs.get_file_info(selector):
+            if info.type == pafs.FileType.File:
+                listed[info.path] = info.size
+    episodes = dataset.episodes
+    for camera, files in episodes.video_files.items():
+        for position, relative in enumerate(files):
+            if dataset.path(relative) not in listed:
+                slot = int(np.argmax(episodes.video_file[camera] == position))
+                raise FileNotFoundError(
+                    f"video file {dataset.path(relative)} of camera {camera!r} (episode"
+                    f" {episodes.index[slot]} and the others stored in it) does not exist:"
+                    " download or restore it, or leave its episodes out with episodes=[...]"
+                )
+    for relative in episodes.data_files:
+        if dataset.path(relative) not in listed:
             raise FileNotFoundError(
-                f"video file {dataset.path(relative)} of camera {camera!r} (episode {episode}"
-                " and the others stored in it) does not exist: download or restore it, or"
-                " leave its episodes out with episodes=[...]"
+                f"data file {dataset.path(relative)} does not exist: download or restore it,"
+                " or leave its episodes out with episodes=[...]"
             )
+    return {relative: listed[dataset.path(relative)] for relative in episodes.files()}

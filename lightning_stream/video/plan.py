@@ -7,11 +7,12 @@ the world size or worker count; the last ``total % num_splits`` frames of that o
 left out of the epoch. A split's run is made of pieces (contiguous frames of one
 episode), cut into chunks of at most ``chunk_frames`` anchors (the byte budget sets it:
 :func:`chunk_frames`). Its anchor order is a pure function of ``(seed, epoch, split)``
-and the chunk length: a pool of ``pool_size`` resident chunks, each step taking the next
-anchor of a random resident chunk (anchors within a chunk in a seeded random order), a
-finished chunk replaced by a random one of the split's others. So the frames of
-``pool_size`` chunks per split are needed at a time, and each chunk is fetched and
-decoded once per epoch.
+and the chunk length: the split's chunks in a seeded order, served ``pool_size`` at a
+time, one anchor of each per round (:class:`~lightning_stream.placement.SplitOrder`, as
+a table's clumps), a chunk's anchors in a seeded random order of its frames. So the
+frames of ``pool_size`` chunks per split are needed at a time, and each chunk is fetched
+and decoded once per epoch. Everything here is array arithmetic over episodes, pieces
+and anchors, with no loop per frame and no object per episode.
 
 Windows: a ``delta`` in seconds must lie on the fps grid within ``tolerance_s`` (as
 LeRobot's ``check_delta_timestamps``: ``|delta * fps - round(delta * fps)| / fps <=
@@ -23,12 +24,18 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from lightning_stream.placement import LengthLayout, epoch_permutation, split_pieces
+from lightning_stream.placement import (
+    LengthLayout,
+    Permutation,
+    SplitOrder,
+    derive_key,
+    epoch_permutation,
+)
 
 
 @dataclass(frozen=True)
@@ -43,38 +50,90 @@ class Piece:
         return self.stop - self.start
 
 
-def _rng(seed: int, epoch: int, split: int = -1) -> np.random.Generator:
-    return np.random.default_rng([seed, epoch, split + 1])
+@dataclass(frozen=True, eq=False)
+class Pieces:
+    """Pieces as arrays (piece ``i``: frames ``[start[i], stop[i])`` of the episode at
+    slot ``episode[i]``): a split holds thousands, and an array costs no object each."""
+
+    episode: np.ndarray
+    start: np.ndarray
+    stop: np.ndarray
+
+    @classmethod
+    def of(cls, pieces: Sequence[Piece]) -> Pieces:
+        episode, start, stop = (
+            np.asarray([getattr(p, name) for p in pieces], dtype=np.int64)
+            for name in ("episode", "start", "stop")
+        )
+        return cls(episode, start, stop)
+
+    def __len__(self) -> int:
+        return len(self.episode)
+
+    def __getitem__(self, index: int) -> Piece:
+        return Piece(int(self.episode[index]), int(self.start[index]), int(self.stop[index]))
+
+    def __iter__(self) -> Iterator[Piece]:
+        return map(Piece, self.episode.tolist(), self.start.tolist(), self.stop.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Pieces):
+            if isinstance(other, Sequence):  # of Piece
+                return list(self) == list(other)
+            return NotImplemented
+        return all(
+            np.array_equal(getattr(self, name), getattr(other, name))
+            for name in ("episode", "start", "stop")
+        )
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self.stop - self.start
+
+    def subset(self, index: np.ndarray | slice) -> Pieces:
+        """The pieces at ``index``, in its order."""
+        return Pieces(self.episode[index], self.start[index], self.stop[index])
 
 
 def cut_splits(
     lengths: Sequence[int], num_splits: int, seed: int, epoch: int
-) -> tuple[list[list[Piece]], int]:
+) -> tuple[list[Pieces], int]:
     """The pieces of every split for ``epoch``, and the frames per split: the episodes
-    laid end to end in their order of ``epoch`` (:mod:`lightning_stream.placement`)."""
-    total = int(sum(lengths))
-    split_len = total // num_splits
+    laid end to end in their order of ``epoch`` (:mod:`lightning_stream.placement`) and
+    cut at every multiple of the split length."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    split_len = int(lengths.sum()) // num_splits
     if split_len == 0:
         raise ValueError(
-            f"{total} frames cannot fill num_splits={num_splits} splits; lower num_splits"
+            f"{int(lengths.sum())} frames cannot fill num_splits={num_splits} splits; lower"
+            " num_splits"
         )
     order = epoch_permutation(len(lengths), seed, epoch, shuffle=True)
-    layout = LengthLayout(tuple(int(n) for n in lengths), order)
-    splits = [
-        [Piece(*piece) for piece in split_pieces(layout, split, split_len)]
-        for split in range(num_splits)
-    ]
+    layout = LengthLayout(tuple(lengths.tolist()), order)
+    positions = np.arange(len(lengths))
+    starts = layout.start(positions)
+    # the laid offsets where an episode or a split begins, up to the epoch's end
+    end = num_splits * split_len
+    cuts = np.union1d(starts[starts < end], np.arange(0, end + 1, split_len))
+    low, high = cuts[:-1], cuts[1:]
+    position, within = layout.locate(low)
+    pieces = Pieces(layout.item(position), within, within + (high - low))
+    bounds = np.searchsorted(low, np.arange(num_splits + 1) * split_len)
+    splits = [pieces.subset(slice(a, b)) for a, b in itertools.pairwise(bounds.tolist())]
     return splits, split_len
 
 
-def cut_chunks(pieces: Sequence[Piece], chunk_frames: int) -> list[Piece]:
+def cut_chunks(pieces: Pieces | Sequence[Piece], chunk_frames: int) -> Pieces:
     """``pieces`` cut into chunks of at most ``chunk_frames`` frames, as even as possible."""
-    chunks = []
-    for piece in pieces:
-        count = -(-len(piece) // chunk_frames)
-        bounds = (piece.start + np.arange(count + 1) * len(piece) // count).tolist()
-        chunks += [Piece(piece.episode, a, b) for a, b in itertools.pairwise(bounds)]
-    return chunks
+    if not isinstance(pieces, Pieces):
+        pieces = Pieces.of(pieces)
+    lengths = pieces.lengths
+    count = -(-lengths // chunk_frames)
+    owner = np.repeat(np.arange(len(pieces)), count)
+    k = np.arange(len(owner)) - np.repeat(np.cumsum(count) - count, count)
+    size, parts = lengths[owner], count[owner]
+    start = pieces.start[owner]
+    return Pieces(pieces.episode[owner], start + k * size // parts, start + (k + 1) * size // parts)
 
 
 def chunk_frames(budget: int, resident: int, cameras: Sequence[tuple[int, int]]) -> int:
@@ -91,25 +150,28 @@ def chunk_frames(budget: int, resident: int, cameras: Sequence[tuple[int, int]])
     return max(0, (budget // resident - margins) // per_anchor)
 
 
-def anchor_order(pieces: Sequence[Piece], pool_size: int, seed: int, epoch: int, split: int):
-    """(piece index, frame) of every anchor of a split, in the order they are served."""
-    rng = _rng(seed, epoch, split)
-    upcoming = list(rng.permutation(len(pieces)))
-    pool: list[tuple[int, list[int]]] = []
-    served_piece, served_frame = [], []
-    while upcoming or pool:
-        while upcoming and len(pool) < pool_size:
-            index = int(upcoming.pop(0))
-            piece = pieces[index]
-            frames = (piece.start + rng.permutation(len(piece))).tolist()
-            pool.append((index, frames))
-        slot = int(rng.integers(len(pool)))
-        index, frames = pool[slot]
-        served_piece.append(index)
-        served_frame.append(frames.pop())
-        if not frames:
-            pool.pop(slot)
-    return np.asarray(served_piece, dtype=np.int64), np.asarray(served_frame, dtype=np.int64)
+def anchor_order(
+    chunks: Pieces, pool_size: int, seed: int, epoch: int, split: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(chunk index, frame) of every anchor of a split, in the order they are served.
+
+    The split's chunks are put in a seeded order and served ``pool_size`` at a time
+    (:class:`~lightning_stream.placement.SplitOrder`: one anchor of each per round, in a
+    seeded order each round); a chunk's anchors come in a seeded random order of its
+    frames. Arrays over the split's anchors, no loop over them."""
+    key = derive_key(seed, epoch, split)
+    lengths = chunks.lengths
+    total = int(lengths.sum())
+    layout = LengthLayout(tuple(lengths.tolist()), Permutation(len(chunks), key))
+    order = SplitOrder(layout, total, pool_size, key)
+    chunk, draw = order.rows(np.zeros(total, dtype=np.int64), np.arange(total))
+    # each chunk's frames in a seeded random order: draw ``r`` of a chunk is its r-th
+    owner = np.repeat(np.arange(len(chunks)), lengths)
+    first = np.cumsum(lengths) - lengths
+    noise = np.random.default_rng(key).permutation(total)
+    shuffled = np.lexsort((noise, owner))
+    frame = chunks.start[chunk] + shuffled[first[chunk] + draw] - first[chunk]
+    return chunk, frame
 
 
 def window(frame: int, length: int, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

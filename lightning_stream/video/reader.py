@@ -1,11 +1,15 @@
 """EpisodeReader: what a reading process (the main process or a worker) knows of a LeRobot
 dataset, and the chunks of it that are resident.
 
-It holds the per-frame Parquet columns, the MP4 files' indexes (sidecars) and open
-files, each split's anchor order for the epoch (:mod:`lightning_stream.video.plan`), and
-the split's resident chunks (:mod:`lightning_stream.video.frames`): a chunk becomes
-resident at its first anchor and is dropped after its last. It imports neither torch
-nor Lightning, so a worker that runs it starts in a fraction of a second.
+It holds the episodes' metadata (arrays), the indexes (sidecars) and open handles of
+the MP4 files it has read lately, each split's anchor order for the epoch
+(:mod:`lightning_stream.video.plan`), and the split's resident chunks
+(:mod:`lightning_stream.video.frames`): a chunk becomes resident at its first anchor, with
+its per-frame Parquet rows (:mod:`lightning_stream.video.rows`), and is dropped after its
+last. A file's sidecar is loaded, and its rows read, when a chunk in it is first served:
+a reader reads the per-frame rows of the episodes it serves only, and holds the indexes of
+the files it read lately only. It imports neither torch nor Lightning, so a worker that
+runs it starts in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,17 +28,18 @@ import pyarrow.fs as pafs
 from lightning_stream.video.decode import DamagedVideoError, decode_range, frames_at, packet_range
 from lightning_stream.video.frames import CameraFrames, ResidentChunk
 from lightning_stream.video.lerobot import ID_COLUMNS, open_dataset
-from lightning_stream.video.mp4 import VideoTrack
 from lightning_stream.video.plan import (
     Piece,
+    Pieces,
     anchor_order,
     chunk_frames,
     cut_chunks,
     cut_splits,
     frame_offsets,
 )
+from lightning_stream.video.rows import FrameRows, RowsAhead
 from lightning_stream.video.shared import Fetch, SharedRanges, read_now
-from lightning_stream.video.sidecar import VideoFile, load_or_build
+from lightning_stream.video.tracks import Tracks
 
 # reads in flight ahead of the chunks being decoded, on an object store (each waits a
 # round trip: one per camera of each split's next chunk)
@@ -71,11 +75,12 @@ class SplitOrder:
     """A split's chunks in one epoch, the chunk and frame of each position, and the
     position of each chunk's last anchor."""
 
-    chunks: list[Piece]
+    chunks: Pieces
     chunk_of: np.ndarray
     frame_of: np.ndarray
     last: np.ndarray
     following: np.ndarray  # the chunk made resident after each one (-1: none)
+    arrival: np.ndarray  # the chunks in the order they become resident
 
 
 class EpisodeReader:
@@ -99,24 +104,17 @@ class EpisodeReader:
         self.fps = self.dataset.fps
         columns = [k for k, v in self.dataset.features.items() if v.get("dtype") != "video"]
         self.columns = [c for c in columns if c not in ID_COLUMNS]
-        table = self.dataset.frames(self.columns).sort_by("index")
-        self.table = {
-            name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names
-        }
-        for name in self.columns:
-            if self.table[name].dtype == object:
-                self.table[name] = np.stack(self.table[name]).astype(np.float32)
-        self.lengths = [e.length for e in self.dataset.episodes]
+        self.episodes = self.dataset.episodes
+        self.lengths = self.episodes.length
         # frames that may be anchors: LeRobot's EpisodeAwareSampler(drop_n_last_frames)
-        self.anchor_lengths = [max(0, n - spec.drop_n_last_frames) for n in self.lengths]
-        self.row_start = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
+        self.anchor_lengths = np.maximum(0, self.lengths - spec.drop_n_last_frames)
         self.offsets = {
             key: frame_offsets(key, deltas, self.fps, spec.tolerance_s)
             for key, deltas in spec.delta_timestamps.items()
         }
-        self.tracks: dict[str, VideoTrack] = {}
-        self.files: dict[str, Any] = {}
-        self._epoch_plans: dict[int, tuple[list, dict[int, SplitOrder]]] = {}
+        self.ahead = RowsAhead(FrameRows(self.dataset, self.columns, self.offsets), spec.pool_size)
+        self.track = Tracks(self.dataset, spec.sidecar_dir, spec.lock_timeout)
+        self._epoch_plans: dict[int, tuple[list[Pieces], dict[int, SplitOrder]]] = {}
         self.resident: dict[tuple[int, int], ResidentChunk] = {}
         # on an object store, the packets of each split's next chunk are read while the
         # current ones decode: (file, offset, size) -> the read in flight
@@ -148,7 +146,10 @@ class EpisodeReader:
             arrival = slots[np.argsort(firsts)]
             following = np.full(len(chunks), -1, dtype=np.int64)
             following[arrival[:-1]] = arrival[1:]
-            orders[split] = SplitOrder(chunks, chunk, frame, last, following)
+            # int32: 8 bytes an anchor of the reader's splits
+            orders[split] = SplitOrder(
+                chunks, chunk.astype(np.int32), frame.astype(np.int32), last, following, arrival
+            )
         return orders[split]
 
     def chunk_frames(self) -> int:
@@ -156,11 +157,10 @@ class EpisodeReader:
         rank can hold, at any world size) keep their decoded frames within the budget."""
         cameras = []
         for camera in self.dataset.cameras:
-            files = {e.videos[camera][0] for e in self.dataset.episodes}
-            tracks = [self.track(relative)[0] for relative in sorted(files)]
+            height, width = self.dataset.frame_shape(camera)
             offsets = self.offsets.get(camera, np.zeros(1, dtype=np.int64))
-            frame = max(3 * t.height * t.width for t in tracks)  # uint8 RGB, as resident
-            cameras.append((frame, int(offsets.max() - offsets.min())))
+            # uint8 RGB, as resident
+            cameras.append((3 * height * width, int(offsets.max() - offsets.min())))
         spec = self.spec
         budget = int(spec.byte_budget_gb * 2**30)
         anchors = chunk_frames(budget, spec.num_splits * spec.pool_size, cameras)
@@ -178,17 +178,6 @@ class EpisodeReader:
         return anchors
 
     # -- residency -----------------------------------------------------------------
-    def track(self, relative: str) -> tuple[VideoTrack, Any]:
-        """The sidecar index of a video file and its open handle."""
-        if relative not in self.tracks:
-            video = VideoFile(self.dataset.fs, self.dataset.path(relative))
-            track, _ = load_or_build(
-                video, Path(self.spec.sidecar_dir), self.spec.root, self.spec.lock_timeout
-            )
-            self.tracks[relative] = track
-            self.files[relative] = self.dataset.fs.open_input_file(video.path)
-        return self.tracks[relative], self.files[relative]
-
     def chunk(self, epoch: int, split: int, position: int) -> tuple[int, int, ResidentChunk]:
         """Episode slot and frame of the anchor at ``position``, and its resident chunk
         (made resident here at its first anchor)."""
@@ -197,7 +186,7 @@ class EpisodeReader:
         piece = order.chunks[slot]
         key = (split, slot)
         if key not in self.resident:
-            self.resident[key] = self._make_resident(piece, int(order.last[slot]))
+            self.resident[key] = self._make_resident(split, piece, int(order.last[slot]))
             following = int(order.following[slot])
             if following >= 0:
                 self._fetch_chunk(order.chunks[following])
@@ -221,11 +210,12 @@ class EpisodeReader:
         self._ranges.clear()
         self._shared.clear()
         self._unread.clear()
+        self.ahead.clear()
 
-    def _make_resident(self, piece: Piece, last: int) -> ResidentChunk:
+    def _make_resident(self, split: int, piece: Piece, last: int) -> ResidentChunk:
         """A chunk's packets, read (one range per camera, or the read ahead of it), none
         decoded yet."""
-        chunk = ResidentChunk(last)
+        chunk = ResidentChunk(last, *self.ahead.take(split, piece))
         for camera in self.dataset.cameras:
             relative, track, handle, first, wanted, _, _ = self._camera_range(piece, camera)
             del self._ranges[piece, camera]
@@ -247,12 +237,11 @@ class EpisodeReader:
         (offset, size); kept until the chunk is made resident."""
         if (piece, camera) in self._ranges:
             return self._ranges[piece, camera]
-        episode = self.dataset.episodes[piece.episode]
         offsets = self.offsets.get(camera, np.zeros(1, dtype=np.int64))
         first = max(0, piece.start + int(offsets.min()))
-        stop = min(episode.length, piece.stop + int(offsets.max()))
-        relative, from_timestamp = episode.videos[camera]
-        track, handle = self.track(relative)
+        stop = min(int(self.lengths[piece.episode]), piece.stop + int(offsets.max()))
+        relative, from_timestamp = self.episodes.video(piece.episode, camera)
+        track, handle = self.track(relative, camera)
         seconds = from_timestamp + np.arange(first, stop) / self.fps
         wanted = frames_at(track, seconds, self.dataset.path(relative), 0.5 / self.fps)
         offset, size = packet_range(track, *decode_range(track, wanted))
@@ -260,18 +249,23 @@ class EpisodeReader:
         return found
 
     def begin_pass(self, epoch: int, first_round: list[tuple[int, int]]) -> None:
-        """A pass over the ``(split, position)`` anchors starting with ``first_round``. On an
-        object store its splits' chunks from each one's first position there on are noted
-        as to be read, so that they share packets (a split not in it shares none), and the
-        first round's chunks are read at once."""
+        """A pass over the ``(split, position)`` anchors starting with ``first_round``: its
+        splits' chunks from each one's first position there on, in the order they become
+        resident, have their per-frame rows read ahead (:class:`RowsAhead`). On an object
+        store they are also noted as to be read, so that they share packets (a split not in
+        it shares none), and the first round's chunks are read at once."""
         starts: dict[int, int] = {}
         for split, position in first_round:
             starts.setdefault(split, position)  # a split's positions rise
-        for split, start in starts.items() if self.remote else ():
+        queues = {}
+        for split, start in starts.items():
             order = self.split_order(epoch, split)
-            for slot in np.flatnonzero(order.last >= start).tolist():
-                self._unread[order.chunks[slot].episode].add(order.chunks[slot])
-        for split, position in first_round:
+            upcoming = order.arrival[order.last[order.arrival] >= start]
+            queues[split] = order.chunks.subset(upcoming)
+            for piece in queues[split] if self.remote else ():
+                self._unread[piece.episode].add(piece)
+        self.ahead.begin(queues)
+        for split, position in first_round if self.remote else ():
             order = self.split_order(epoch, split)
             if (split, int(order.chunk_of[position])) not in self.resident:
                 self._fetch_chunk(order.chunks[int(order.chunk_of[position])])
@@ -315,7 +309,7 @@ class EpisodeReader:
         try:
             return chunk.window(camera, frames)
         except DamagedVideoError as exc:
-            relative = self.dataset.episodes[episode_slot].videos[camera][0]
+            relative = self.episodes.video(episode_slot, camera)[0]
             damaged, at = self._episode_at(relative, camera, exc.seconds)
             raise DamagedVideoError(
                 f"damaged video: episode {damaged}, camera {camera!r}, frame"
@@ -326,10 +320,14 @@ class EpisodeReader:
 
     def _episode_at(self, relative: str, camera: str, seconds: float) -> tuple[int, float]:
         """The episode of ``relative`` shown at ``seconds`` in the file, and its own time."""
-        stored = [e for e in self.dataset.episodes if e.videos[camera][0] == relative]
-        starts = [e.videos[camera][1] for e in stored]
-        owner = stored[max(0, int(np.searchsorted(starts, seconds, side="right")) - 1)]
-        return owner.index, seconds - owner.videos[camera][1]
+        episodes = self.episodes
+        file = episodes.video_files[camera].index(relative)
+        stored = np.flatnonzero(episodes.video_file[camera] == file)
+        starts = episodes.from_timestamp[camera][stored]
+        owner = stored[np.argsort(starts, kind="stable")]
+        at = max(0, int(np.searchsorted(np.sort(starts), seconds, side="right")) - 1)
+        slot = int(owner[at])
+        return int(episodes.index[slot]), seconds - float(episodes.from_timestamp[camera][slot])
 
     def counters(self) -> dict[str, float]:
         """Payload read, packets decoded, and what the resident chunks hold now: decoded

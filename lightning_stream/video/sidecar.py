@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,3 +152,19 @@ def load_or_build(
                 f" {video.path} (lock {path}.lock); raise the lock timeout if building it takes"
                 " longer"
             ) from exc
+
+
+def build_missing(
+    videos: list[VideoFile], cache_dir: Path, dataset: str, lock_timeout: float, start: int = 0
+) -> tuple[int, float]:
+    """Build the sidecars of ``videos`` that have none yet (an existing one is checked
+    against its MP4 when it is loaded, not here): how many were built, in how many
+    seconds. Processes sharing ``cache_dir`` (the ranks of a node) each build what the
+    others have not; a ``start`` per process (its rank) spreads them over the files
+    rather than queueing all of them on the first file's lock."""
+    started = time.perf_counter()
+    built = 0
+    for video in videos[start % max(1, len(videos)) :] + videos[: start % max(1, len(videos))]:
+        if not sidecar_path(cache_dir, dataset, video).exists():
+            built += load_or_build(video, cache_dir, dataset, lock_timeout)[1]
+    return built, time.perf_counter() - started

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import warnings
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,15 +28,16 @@ from lightning_stream.batching import Batch
 from lightning_stream.plan import RankEpochPlan
 from lightning_stream.skipped import SKIP_REASON
 from lightning_stream.video.decode import DamagedVideoWarning
-from lightning_stream.video.lerobot import check_video_files
+from lightning_stream.video.lerobot import file_sizes
 from lightning_stream.video.reader import EpisodeReader, VideoSpec
-from lightning_stream.video.sidecar import fingerprint
+from lightning_stream.video.sidecar import VideoFile, build_missing
 from lightning_stream.video.task import DecodeJob, DecodeTask, batches, reader_positions
 from lightning_stream.video.windows import transformed
 from lightning_stream.workers.inline import InlineReader
 from lightning_stream.workers.pool import WorkerDied, WorkerPool
 
 _STOPPED = ("bytes_loaded", "frames_decoded")
+log = logging.getLogger(__name__)
 
 
 def to_tensors(batch: dict[str, Any]) -> Batch:
@@ -48,18 +51,36 @@ def to_tensors(batch: dict[str, Any]) -> Batch:
 class VideoSource:
     """Episodes of a LeRobot v3 dataset, as ``num_splits`` equal splits of anchors."""
 
-    def __init__(self, spec: VideoSpec) -> None:
+    def __init__(self, spec: VideoSpec, rank: int = 0) -> None:
         self.reader = EpisodeReader(spec)
-        check_video_files(self.reader.dataset)
+        dataset = self.reader.dataset
+        self.manifest = self._manifest(file_sizes(dataset))
+        videos = [
+            VideoFile(dataset.fs, dataset.path(relative))
+            for files in dataset.episodes.video_files.values()
+            for relative in files
+        ]
+        # every rank reads nearly every file within an epoch (the episodes are shuffled
+        # over the splits each epoch), so each node builds the sidecars of all of them
+        built, seconds = build_missing(
+            videos, Path(spec.sidecar_dir), spec.root, spec.lock_timeout, rank
+        )
+        if built:
+            log.info(
+                "built %d MP4 sidecars of %s in %.1f s (%.3f s a file)",
+                built,
+                spec.root,
+                seconds,
+                seconds / built,
+            )
         # the chunk length depends on the frames' sizes, read from the MP4s' indexes here
         self.spec = spec = dataclasses.replace(spec, chunk_frames=self.reader.chunk_frames())
         self.reader.spec = spec
         self.num_splits = spec.num_splits
         self.skipped_windows = 0
-        total = sum(self.reader.anchor_lengths)
+        total = int(self.reader.anchor_lengths.sum())
         self.split_len = total // spec.num_splits
         self.dropped = total % spec.num_splits
-        self.manifest = self._manifest()
         self.pool: WorkerPool | None = None
         self.inline: InlineReader | None = None  # num_workers=0: the reader's thread
         self._pool_batch_size = 0
@@ -79,18 +100,21 @@ class VideoSource:
         return self.pool
 
     def _sample_bytes(self) -> int:
-        """Bytes of one sample's arrays (frames of the spec's dtype, Parquet features)."""
+        """Bytes of one sample's arrays (frames of the spec's dtype, Parquet features), from
+        the sizes ``meta/info.json`` declares."""
         reader = self.reader
+        dataset = reader.dataset
         itemsize = 4 if self.spec.image_dtype == "float32" else 1
-        total = 64 * len(reader.table)
-        for camera in reader.dataset.cameras:
-            relative = reader.dataset.episodes[0].videos[camera][0]
-            track, _ = reader.track(relative)
+        total = 64 * (len(reader.columns) + 8)
+        for camera in dataset.cameras:
+            height, width = dataset.frame_shape(camera)
             frames = len(reader.offsets.get(camera, [0]))
-            total += frames * 3 * track.height * track.width * itemsize
+            total += frames * 3 * height * width * itemsize
         for column in reader.columns:
-            values = reader.table[column]
-            total += len(reader.offsets.get(column, [0])) * values[0:1].nbytes
+            feature = dataset.features[column]
+            values = int(np.prod(feature.get("shape") or [1]))
+            frames = len(reader.offsets.get(column, [0]))
+            total += frames * values * 8  # at most 8 bytes a value
         return total
 
     def stop_workers(self) -> None:
@@ -105,16 +129,22 @@ class VideoSource:
         pool, self.pool = self.pool, None
         pool.close()
 
-    def _manifest(self) -> str:
+    def _manifest(self, sizes: dict[str, int]) -> str:
+        """A digest of ``meta/info.json``, of the selected episodes' metadata (what the
+        epoch's plan is made of) and of the name and size of every data and video file they
+        use: no file's content is read at setup. A file replaced by one of the same size is
+        not seen here; its sidecar's content fingerprint catches an MP4 at its first read
+        (and indexes it again)."""
         dataset = self.reader.dataset
+        episodes = dataset.episodes
         digest = hashlib.blake2b(dataset.read_bytes("meta/info.json"), digest_size=16)
-        files = sorted(
-            {f for e in dataset.episodes for f, _ in e.videos.values()}
-            | {e.data_file for e in dataset.episodes}
-        )
-        for relative in files:
-            with dataset.fs.open_input_file(dataset.path(relative)) as handle:
-                digest.update(relative.encode() + fingerprint(handle, handle.size()).encode())
+        for array in (episodes.index, episodes.length, episodes.data_file):
+            digest.update(np.ascontiguousarray(array).tobytes())
+        for camera in dataset.cameras:
+            digest.update(np.ascontiguousarray(episodes.video_file[camera]).tobytes())
+            digest.update(np.ascontiguousarray(episodes.from_timestamp[camera]).tobytes())
+        for relative, size in sorted(sizes.items()):
+            digest.update(f"{relative}\0{size}\0".encode())
         return digest.hexdigest()
 
     @property

@@ -29,12 +29,14 @@ Batch = dict[str, Any]
 def assemble(reader: EpisodeReader, epoch: int, positions: Iterable[tuple[int, int]]) -> Batch:
     """The batch of the anchors at ``positions`` (``(split, position)`` pairs) of ``epoch``;
     each chunk is dropped after its last anchor."""
-    anchors = []  # (episode slot, frame, chunk)
+    anchors = []  # (episode slot, frame)
+    chunks = []  # each anchor's chunk, kept for its rows after the chunk is released
     images: dict[str, list[np.ndarray]] = {camera: [] for camera in reader.dataset.cameras}
     reasons: list[str] = []
     for split, position in positions:
         slot, frame, chunk = reader.chunk(epoch, split, position)
         anchors.append((slot, frame))
+        chunks.append(chunk)
         reasons.append("")
         for camera, gathered in images.items():
             frames = _frames(reader, camera, slot, frame)
@@ -43,12 +45,12 @@ def assemble(reader: EpisodeReader, epoch: int, positions: Iterable[tuple[int, i
             except DamagedVideoError as exc:
                 if reader.spec.on_decode_error == "raise":
                     raise
-                episode = reader.dataset.episodes[slot]
+                episode = int(reader.episodes.index[slot])
                 reasons[-1] = (
-                    f"on_decode_error='skip': skipped the window of episode {episode.index} at"
+                    f"on_decode_error='skip': skipped the window of episode {episode} at"
                     f" frame {frame} ({frame / reader.fps:.3f} s): {exc}"
                 )
-                track, _ = reader.track(episode.videos[camera][0])
+                track, _ = reader.track(reader.episodes.video(slot, camera)[0], camera)
                 gathered.append(np.zeros((len(frames), track.height, track.width, 3), np.uint8))
         reader.release(split, position, epoch)
     batch: Batch = {}
@@ -60,22 +62,24 @@ def assemble(reader: EpisodeReader, epoch: int, positions: Iterable[tuple[int, i
         batch[SKIP_REASON] = reasons
     slots = np.asarray([slot for slot, _ in anchors], dtype=np.int64)
     frames = np.asarray([frame for _, frame in anchors], dtype=np.int64)
-    rows = reader.row_start[slots] + frames
+
+    def at_anchors(column: str) -> np.ndarray:
+        return np.stack([c.row(column, f) for c, f in zip(chunks, frames.tolist(), strict=True)])
+
     for column in reader.columns:
-        values = reader.table[column]
         if column in reader.offsets:
             windows = [window(f, reader.lengths[s], reader.offsets[column]) for s, f in anchors]
-            clamped = np.stack([w[0] for w in windows])
-            batch[column] = values[reader.row_start[slots][:, None] + clamped]
+            batch[column] = np.stack(
+                [c.row(column, w[0]) for c, w in zip(chunks, windows, strict=True)]
+            )
             batch[f"{column}_is_pad"] = np.stack([w[1] for w in windows])
         else:
-            batch[column] = values[rows]
-    table = reader.table
-    batch["episode_index"] = np.asarray([reader.dataset.episodes[s].index for s in slots.tolist()])
+            batch[column] = at_anchors(column)
+    batch["episode_index"] = reader.episodes.index[slots]
     batch["frame_index"] = frames
-    batch["index"] = table["index"][rows].astype(np.int64)
-    batch["timestamp"] = table["timestamp"][rows].astype(np.float32)
-    task_index = table["task_index"][rows].astype(np.int64)
+    batch["index"] = at_anchors("index").astype(np.int64)
+    batch["timestamp"] = at_anchors("timestamp").astype(np.float32)
+    task_index = at_anchors("task_index").astype(np.int64)
     batch["task_index"] = task_index
     batch["task"] = [reader.dataset.tasks.get(int(t), "") for t in task_index]
     return batch

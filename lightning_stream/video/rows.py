@@ -1,0 +1,207 @@
+"""Per-frame Parquet rows of an episode, read when a chunk of it becomes resident.
+
+A LeRobot v3 data file holds the rows of several episodes (one per frame). A reading
+process reads the row groups that hold the frames a chunk needs, found by the row groups'
+``episode_index`` statistics (a file without them is read whole), keeps that chunk's rows
+and drops the rest. So a rank reads rows only of the episodes it serves, when it serves
+them, and holds them only while their chunk is resident or about to be; what one read
+costs is set by the file's row groups (LeRobot's writer and
+:mod:`lightning_stream.video.synthetic` put one episode in each).
+
+Opening a data file (its footer) costs far more than reading one episode's rows, and the
+chunks a reader serves next lie in files all over the dataset. So :class:`RowsAhead`
+reads the rows of many upcoming chunks at once, each file opened once for all of them: a
+few chunks a split at first (the first batch waits for no more), twice as many each time
+after, up to :data:`AHEAD_CHUNKS` or :data:`AHEAD_BYTES` of rows.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lightning_stream.video.lerobot import ID_COLUMNS, LeRobotDataset
+from lightning_stream.video.plan import Piece, Pieces
+
+OPEN_FILES = 16  # data files whose footer a reader keeps open
+AHEAD_CHUNKS = 4096  # the most chunks whose rows are read at once
+AHEAD_BYTES = 16 * 2**20  # the most bytes of rows read ahead of their chunks
+
+Rows = tuple[int, dict[str, np.ndarray]]  # the episode frame of the first row, the columns
+
+
+class FrameRows:
+    """Reads the per-frame rows of ``dataset``'s episodes, chunks at a time.
+
+    Args:
+        dataset: the dataset's metadata.
+        columns: the per-frame features served (besides the ids, which are always read).
+        offsets: the frame offsets of each key's windows (those of ``columns`` set the
+            rows read around a chunk's anchors).
+    """
+
+    def __init__(
+        self, dataset: LeRobotDataset, columns: list[str], offsets: dict[str, np.ndarray]
+    ) -> None:
+        self.dataset = dataset
+        self.columns = list(dict.fromkeys([*ID_COLUMNS, *columns]))
+        spans = [offsets[c] for c in columns if c in offsets]
+        self.margins = (
+            min([0, *(int(o.min()) for o in spans)]),
+            max([0, *(int(o.max()) for o in spans)]),
+        )
+        self._open: OrderedDict[str, pq.ParquetFile] = OrderedDict()
+        # per data file, the episode_index range of each row group: a few bytes a group
+        self._ranges: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.bytes_per_frame = 0.0  # of the rows read so far
+
+    def read(self, pieces: list[Piece]) -> list[Rows]:
+        """The rows the windows of each chunk of ``pieces`` take (frames of its episode
+        around its anchors), in frame order; a list column as ``[rows, size]`` float32.
+        Each data file is opened once for all the pieces it holds."""
+        episodes = self.dataset.episodes
+        spans = []
+        for piece in pieces:
+            first = max(0, piece.start + self.margins[0])
+            stop = min(int(episodes.length[piece.episode]), piece.stop + self.margins[1])
+            spans.append((first, stop))
+        found: list[Rows | None] = [None] * len(pieces)
+        by_file: dict[int, list[int]] = {}
+        for at, piece in enumerate(pieces):
+            by_file.setdefault(int(episodes.data_file[piece.episode]), []).append(at)
+        frames = read_bytes = 0
+        for file, members in by_file.items():
+            relative = episodes.data_files[file]
+            wanted = {int(episodes.index[pieces[at].episode]) for at in members}
+            table = self._read_episodes(relative, wanted)
+            read_bytes += table.nbytes
+            frames += len(table)
+            columns = {name: _numpy(table[name]) for name in table.column_names}
+            # rows by (episode, frame): a chunk's rows are one run of this order
+            key = columns["episode_index"].astype(np.int64) << 32 | columns["frame_index"]
+            order = np.argsort(key, kind="stable")
+            for at in members:
+                first, stop = spans[at]
+                rows = self._select(relative, columns, (order, key[order]), pieces[at], first, stop)
+                found[at] = (first, rows)
+        if frames:
+            self.bytes_per_frame = read_bytes / frames
+        return found  # type: ignore[return-value]
+
+    def _read_episodes(self, relative: str, episodes: set[int]) -> pa.Table:
+        """The row groups of ``relative`` that may hold rows of ``episodes``."""
+        if relative in self._open:
+            self._open.move_to_end(relative)
+        else:
+            handle = self.dataset.fs.open_input_file(self.dataset.path(relative))
+            self._open[relative] = pq.ParquetFile(handle)
+            if len(self._open) > OPEN_FILES:
+                self._open.popitem(last=False)
+        file = self._open[relative]
+        if relative not in self._ranges:
+            self._ranges[relative] = _episode_ranges(file)
+        low, high = self._ranges[relative]
+        wanted = np.asarray(sorted(episodes))
+        # a group holds a wanted episode if one lies within its range
+        above = np.searchsorted(wanted, low, side="left")  # the first wanted at or above low
+        holds = wanted[np.minimum(above, len(wanted) - 1)] <= high
+        groups = np.flatnonzero((above < len(wanted)) & holds)
+        return file.read_row_groups(groups.tolist(), columns=self.columns)
+
+    def _select(
+        self,
+        relative: str,
+        columns: dict[str, np.ndarray],
+        ordered: tuple[np.ndarray, np.ndarray],
+        piece: Piece,
+        first: int,
+        stop: int,
+    ) -> dict[str, np.ndarray]:
+        """The rows of frames ``[first, stop)`` of ``piece``'s episode, in frame order
+        (``ordered``: the rows' order by episode and frame, and their keys in that order)."""
+        order, keys = ordered
+        episode = int(self.dataset.episodes.index[piece.episode])
+        wanted = episode << 32 | np.arange(first, stop, dtype=np.int64)
+        begin = int(np.searchsorted(keys, wanted[0]))
+        if not np.array_equal(keys[begin : begin + len(wanted)], wanted):
+            raise ValueError(
+                f"{self.dataset.path(relative)} lacks rows of episode {episode}: frames"
+                f" {first}..{stop - 1} of its {self.dataset.episodes.length[piece.episode]}"
+                " (meta/episodes) are not all there once each; the dataset is incomplete"
+                " (re-export it, or leave the episode out with episodes=[...])"
+            )
+        at = order[begin : begin + len(wanted)]
+        return {name: values[at] for name, values in columns.items()}
+
+
+class RowsAhead:
+    """The rows of the chunks a reader makes resident, read many at a time ahead of them.
+
+    :meth:`begin` is given, per split of a pass, its chunks still to serve in the order
+    they become resident; :meth:`take` hands a chunk its rows, reading those of the next
+    chunks of every split with them when they are not read yet. A chunk taken out of that
+    order (or without :meth:`begin`) is read alone.
+
+    Args:
+        rows: the reader of the data files.
+        pool: chunks a split has resident at once (the first read takes as many a split).
+    """
+
+    def __init__(self, rows: FrameRows, pool: int) -> None:
+        self.rows = rows
+        self.pool = pool
+        self._queues: dict[int, list] = {}  # split -> [chunks in order, next to read]
+        self._ready: dict[tuple[int, Piece], Rows] = {}
+        self._per_split = pool
+
+    def begin(self, queues: dict[int, Pieces]) -> None:
+        self.clear()
+        self._queues = {split: [chunks, 0] for split, chunks in queues.items()}
+
+    def clear(self) -> None:
+        self._queues.clear()
+        self._ready.clear()
+        self._per_split = self.pool
+
+    def take(self, split: int, piece: Piece) -> Rows:
+        """The rows of ``piece``, the next chunk of ``split`` to become resident."""
+        ready = self._ready.pop((split, piece), None)
+        if ready is not None:
+            return ready
+        queue = self._queues.get(split)
+        if queue is None or queue[1] >= len(queue[0]) or queue[0][queue[1]] != piece:
+            return self.rows.read([piece])[0]
+        keys = []
+        for other, (chunks, at) in self._queues.items():
+            stop = min(len(chunks), at + self._per_split)
+            keys += [(other, chunks[i]) for i in range(at, stop)]
+            self._queues[other][1] = stop
+        for key, rows in zip(keys, self.rows.read([piece for _, piece in keys]), strict=True):
+            self._ready[key] = rows
+        frames_each = self.rows.bytes_per_frame * max(1, len(piece))
+        most = min(AHEAD_CHUNKS, AHEAD_BYTES / max(frames_each, 1.0)) / len(self._queues)
+        self._per_split = int(max(self.pool, min(2 * self._per_split, most)))
+        return self._ready.pop((split, piece))
+
+
+def _episode_ranges(file: pq.ParquetFile) -> tuple[np.ndarray, np.ndarray]:
+    """The smallest and largest ``episode_index`` of each row group (the whole range of
+    values for a group without statistics, which is then always read)."""
+    metadata = file.metadata
+    column = file.schema_arrow.get_field_index("episode_index")
+    low = np.full(metadata.num_row_groups, np.iinfo(np.int64).min)
+    high = np.full(metadata.num_row_groups, np.iinfo(np.int64).max)
+    for group in range(metadata.num_row_groups):
+        statistics = metadata.row_group(group).column(column).statistics
+        if statistics is not None and statistics.has_min_max:
+            low[group], high[group] = statistics.min, statistics.max
+    return low, high
+
+
+def _numpy(column: pa.ChunkedArray) -> np.ndarray:
+    """A column as numpy: a list column (a vector per frame) as ``[rows, size]`` float32."""
+    values = column.to_numpy(zero_copy_only=False)
+    return np.stack(values).astype(np.float32) if values.dtype == object else values

@@ -1,0 +1,74 @@
+"""The sample tables (sidecar indexes) and open handles of the MP4 files a reader used
+lately.
+
+A file's sidecar is loaded (built if missing, :mod:`lightning_stream.video.sidecar`) at
+its first use by the reader and checked against the frame size ``meta/info.json``
+declares, which the byte budget is sized from. The tables of the files used lately are
+kept up to a byte limit, so a reader of a dataset of any number of files holds a bounded
+share of their indexes; a chunk still decoding from an evicted file keeps its own
+references to its table and handle.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from lightning_stream.video.lerobot import LeRobotDataset
+from lightning_stream.video.mp4 import VideoTrack
+from lightning_stream.video.sidecar import COLUMNS, VideoFile, load_or_build
+
+# about 41 bytes a frame: the files read again within this many bytes of tables are not
+# loaded again
+CACHE_BYTES = 64 * 2**20
+
+
+class Tracks:
+    """The video files of ``dataset`` a reader used lately.
+
+    Args:
+        dataset: the dataset's metadata.
+        sidecar_dir: the sidecar cache.
+        lock_timeout: seconds to wait for another process building a sidecar.
+        limit: bytes of sample tables kept for files not in use; default 64 MiB.
+    """
+
+    def __init__(
+        self,
+        dataset: LeRobotDataset,
+        sidecar_dir: str,
+        lock_timeout: float,
+        limit: int = CACHE_BYTES,
+    ) -> None:
+        self.dataset = dataset
+        self.sidecar_dir = Path(sidecar_dir)
+        self.lock_timeout = lock_timeout
+        self.limit = limit
+        self._kept: OrderedDict[str, tuple[VideoTrack, Any]] = OrderedDict()
+        self._bytes = 0
+
+    def __call__(self, relative: str, camera: str) -> tuple[VideoTrack, Any]:
+        """The sample table of ``camera``'s file ``relative`` and an open handle."""
+        if relative in self._kept:
+            self._kept.move_to_end(relative)
+            return self._kept[relative]
+        video = VideoFile(self.dataset.fs, self.dataset.path(relative))
+        track, _ = load_or_build(video, self.sidecar_dir, self.dataset.root, self.lock_timeout)
+        declared = self.dataset.frame_shape(camera)
+        if (track.height, track.width) != declared:
+            raise ValueError(
+                f"{video.path} holds {track.height}x{track.width} frames but meta/info.json"
+                f" declares {declared[0]}x{declared[1]} for camera {camera!r}: the byte budget"
+                " is sized from info.json, so correct it there"
+            )
+        self._kept[relative] = track, self.dataset.fs.open_input_file(video.path)
+        self._bytes += _table_bytes(track)
+        while self._bytes > self.limit and len(self._kept) > 1:
+            evicted, _ = self._kept.popitem(last=False)[1]
+            self._bytes -= _table_bytes(evicted)
+        return self._kept[relative]
+
+
+def _table_bytes(track: VideoTrack) -> int:
+    return sum(getattr(track, name).nbytes for name in COLUMNS)
