@@ -11,13 +11,15 @@ costs is set by the file's row groups (LeRobot's writer and
 Opening a data file (its footer) costs far more than reading one episode's rows, and the
 chunks a reader serves next lie in files all over the dataset. So :class:`RowsAhead`
 reads the rows of many upcoming chunks at once, each file opened once for all of them: a
-few chunks a split at first (the first batch waits for no more), twice as many each time
-after, up to :data:`AHEAD_CHUNKS` or :data:`AHEAD_BYTES` of rows.
+chunk a split at first (the first batch waits for no more), eight times as many each
+time after, up to :data:`AHEAD_CHUNKS` or :data:`AHEAD_BYTES` of rows.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -57,11 +59,17 @@ class FrameRows:
         # per data file, the episode_index range of each row group: a few bytes a group
         self._ranges: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.bytes_per_frame = 0.0  # of the rows read so far
+        self.frames_per_chunk = 0.0  # rows a chunk took, in the last read
+        self._lock = threading.Lock()  # a read ahead runs beside the reader's own
 
     def read(self, pieces: list[Piece]) -> list[Rows]:
         """The rows the windows of each chunk of ``pieces`` take (frames of its episode
         around its anchors), in frame order; a list column as ``[rows, size]`` float32.
         Each data file is opened once for all the pieces it holds."""
+        with self._lock:
+            return self._read(pieces)
+
+    def _read(self, pieces: list[Piece]) -> list[Rows]:
         episodes = self.dataset.episodes
         spans = []
         for piece in pieces:
@@ -89,6 +97,7 @@ class FrameRows:
                 found[at] = (first, rows)
         if frames:
             self.bytes_per_frame = read_bytes / frames
+            self.frames_per_chunk = sum(b - a for a, b in spans) / len(spans)
         return found  # type: ignore[return-value]
 
     def _read_episodes(self, relative: str, episodes: set[int]) -> pa.Table:
@@ -141,50 +150,73 @@ class RowsAhead:
     """The rows of the chunks a reader makes resident, read many at a time ahead of them.
 
     :meth:`begin` is given, per split of a pass, its chunks still to serve in the order
-    they become resident; :meth:`take` hands a chunk its rows, reading those of the next
-    chunks of every split with them when they are not read yet. A chunk taken out of that
-    order (or without :meth:`begin`) is read alone.
+    they become resident. :meth:`take` hands a chunk its rows; the rows of the next chunks
+    of every split are read together, on a thread of their own, once half of those read
+    before have been taken, so a reader seldom waits for them (it does at a pass's first
+    chunk, whose read takes one chunk a split). A chunk taken out of that order (or
+    without :meth:`begin`) is read alone.
 
     Args:
         rows: the reader of the data files.
-        pool: chunks a split has resident at once (the first read takes as many a split).
     """
 
-    def __init__(self, rows: FrameRows, pool: int) -> None:
+    def __init__(self, rows: FrameRows) -> None:
         self.rows = rows
-        self.pool = pool
         self._queues: dict[int, list] = {}  # split -> [chunks in order, next to read]
         self._ready: dict[tuple[int, Piece], Rows] = {}
-        self._per_split = pool
+        self._reading: Future[None] | None = None  # the next chunks' rows, being read
+        self._reader: ThreadPoolExecutor | None = None
+        self._per_split = 1
+        self._last_read = 0  # chunks the last read took
 
     def begin(self, queues: dict[int, Pieces]) -> None:
         self.clear()
         self._queues = {split: [chunks, 0] for split, chunks in queues.items()}
 
     def clear(self) -> None:
+        if self._reading is not None:
+            self._reading.result()  # it fills what is cleared next
+            self._reading = None
         self._queues.clear()
         self._ready.clear()
-        self._per_split = self.pool
+        self._per_split = 1
 
     def take(self, split: int, piece: Piece) -> Rows:
         """The rows of ``piece``, the next chunk of ``split`` to become resident."""
-        ready = self._ready.pop((split, piece), None)
-        if ready is not None:
-            return ready
-        queue = self._queues.get(split)
-        if queue is None or queue[1] >= len(queue[0]) or queue[0][queue[1]] != piece:
-            return self.rows.read([piece])[0]
-        keys = []
-        for other, (chunks, at) in self._queues.items():
-            stop = min(len(chunks), at + self._per_split)
-            keys += [(other, chunks[i]) for i in range(at, stop)]
-            self._queues[other][1] = stop
-        for key, rows in zip(keys, self.rows.read([piece for _, piece in keys]), strict=True):
-            self._ready[key] = rows
-        frames_each = self.rows.bytes_per_frame * max(1, len(piece))
-        most = min(AHEAD_CHUNKS, AHEAD_BYTES / max(frames_each, 1.0)) / len(self._queues)
-        self._per_split = int(max(self.pool, min(2 * self._per_split, most)))
-        return self._ready.pop((split, piece))
+        key = (split, piece)
+        if key not in self._ready and self._reading is not None:
+            reading, self._reading = self._reading, None
+            reading.result()
+        if key not in self._ready:
+            queue = self._queues.get(split)
+            if queue is None or queue[1] >= len(queue[0]) or queue[0][queue[1]] != piece:
+                return self.rows.read([piece])[0]
+            self._read(self._next_chunks())
+        rows = self._ready.pop(key)
+        if self._reading is None and len(self._ready) <= self._last_read // 2:
+            chunks = self._next_chunks()
+            if chunks:
+                if self._reader is None:
+                    self._reader = ThreadPoolExecutor(1, "video-rows")
+                self._reading = self._reader.submit(self._read, chunks)
+        return rows
+
+    def _next_chunks(self) -> list[tuple[int, Piece]]:
+        """The next chunks of every split (:attr:`_per_split` a split), marked as read."""
+        chunks = []
+        for split, (queued, at) in self._queues.items():
+            stop = min(len(queued), at + self._per_split)
+            chunks += [(split, queued[i]) for i in range(at, stop)]
+            self._queues[split][1] = stop
+        self._last_read = len(chunks)
+        per_chunk = self.rows.bytes_per_frame * max(1, self.rows.frames_per_chunk)
+        most = min(AHEAD_CHUNKS, AHEAD_BYTES / max(per_chunk, 1.0)) / max(1, len(self._queues))
+        self._per_split = int(max(1, min(8 * self._per_split, most)))
+        return chunks
+
+    def _read(self, chunks: list[tuple[int, Piece]]) -> None:
+        found = self.rows.read([piece for _, piece in chunks])
+        self._ready.update(zip(chunks, found, strict=True))
 
 
 def _episode_ranges(file: pq.ParquetFile) -> tuple[np.ndarray, np.ndarray]:

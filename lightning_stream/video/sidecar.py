@@ -101,17 +101,23 @@ def _from_table(table: pa.Table) -> tuple[VideoTrack, str]:
     return track, meta["fingerprint"]
 
 
-def _load(path: Path, digest: str) -> VideoTrack | None:
-    """The sidecar at ``path`` if it is readable, current and matches ``digest``."""
+def read_sidecar(path: Path) -> tuple[VideoTrack, str] | None:
+    """The sidecar at ``path`` and the fingerprint of the MP4 it indexes, if it is
+    readable and of this format."""
     try:
         with pa.memory_map(str(path)) as source:
             table = ipc.open_file(source).read_all()
         if (table.schema.metadata or {}).get(b"format") != FORMAT.encode():
             return None
-        track, saved = _from_table(table)
+        return _from_table(table)
     except (OSError, pa.ArrowInvalid, KeyError, ValueError):
         return None
-    return track if saved == digest else None
+
+
+def _load(path: Path, digest: str) -> VideoTrack | None:
+    """The sidecar at ``path`` if it is readable, current and matches ``digest``."""
+    found = read_sidecar(path)
+    return found[0] if found is not None and found[1] == digest else None
 
 
 def _install(table: pa.Table, path: Path) -> None:

@@ -6,7 +6,8 @@ its first use by the reader and checked against the frame size ``meta/info.json`
 declares, which the byte budget is sized from. The tables of the files used lately are
 kept up to a byte limit, so a reader of a dataset of any number of files holds a bounded
 share of their indexes; a chunk still decoding from an evicted file keeps its own
-references to its table and handle.
+references to its table and handle. An evicted file's sidecar is read again without
+checking it against its MP4 a second time.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from typing import Any
 
 from lightning_stream.video.lerobot import LeRobotDataset
 from lightning_stream.video.mp4 import VideoTrack
-from lightning_stream.video.sidecar import COLUMNS, VideoFile, load_or_build
+from lightning_stream.video.sidecar import (
+    COLUMNS,
+    VideoFile,
+    load_or_build,
+    read_sidecar,
+    sidecar_path,
+)
 
 # about 41 bytes a frame: the files read again within this many bytes of tables are not
 # loaded again
@@ -46,6 +53,7 @@ class Tracks:
         self.lock_timeout = lock_timeout
         self.limit = limit
         self._kept: OrderedDict[str, tuple[VideoTrack, Any]] = OrderedDict()
+        self._checked: dict[str, Path] = {}  # file -> its sidecar, checked in this process
         self._bytes = 0
 
     def __call__(self, relative: str, camera: str) -> tuple[VideoTrack, Any]:
@@ -54,7 +62,13 @@ class Tracks:
             self._kept.move_to_end(relative)
             return self._kept[relative]
         video = VideoFile(self.dataset.fs, self.dataset.path(relative))
-        track, _ = load_or_build(video, self.sidecar_dir, self.dataset.root, self.lock_timeout)
+        # a sidecar checked against its MP4 once is read again as it is, once evicted
+        again = relative in self._checked and read_sidecar(self._checked[relative])
+        if again:
+            track = again[0]
+        else:
+            track, _ = load_or_build(video, self.sidecar_dir, self.dataset.root, self.lock_timeout)
+            self._checked[relative] = sidecar_path(self.sidecar_dir, self.dataset.root, video)
         declared = self.dataset.frame_shape(camera)
         if (track.height, track.width) != declared:
             raise ValueError(
