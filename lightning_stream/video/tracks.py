@@ -28,7 +28,7 @@ from lightning_stream.video.sidecar import (
 
 # about 41 bytes a frame: the files read again within this many bytes of tables are not
 # loaded again
-CACHE_BYTES = 64 * 2**20
+CACHE_BYTES = 128 * 2**20
 
 
 class Tracks:
@@ -38,7 +38,7 @@ class Tracks:
         dataset: the dataset's metadata.
         sidecar_dir: the sidecar cache.
         lock_timeout: seconds to wait for another process building a sidecar.
-        limit: bytes of sample tables kept for files not in use; default 64 MiB.
+        limit: bytes of sample tables kept for files not in use; default 128 MiB.
     """
 
     def __init__(
