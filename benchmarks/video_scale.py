@@ -7,10 +7,11 @@ The datasets (``lightning_stream.video.synthetic.write_dataset``: two 96x96 h264
 12 frames an episode, 500 episodes a file, one Parquet row group per episode; 1.2M frames
 at 100k episodes) are written once under ``--data-dir`` and kept. Every MP4's sidecar is
 built in a process of its own into an empty directory (the build's time per MP4 is
-reported), then into ``DIR/sidecars`` if missing there: the runs find them built. Then each configuration runs in a fresh process, configurations
-interleaved, ``--rounds`` rounds, at the data module's defaults (``byte_budget_gb=1``,
-``episode_pool_size=2``) with ``num_splits=64``, batch 32, the front camera's frames at
--1/30 s and 0 s and the wrist camera's anchor frame, at 0 and 2 workers:
+reported), then into ``DIR/sidecars`` if missing there: the runs find them built. Then
+each configuration runs in a fresh process, configurations interleaved, ``--rounds``
+rounds, at the data module's defaults (``byte_budget_gb=1``, ``episode_pool_size=2``)
+with ``num_splits=64``, batch 32, the front camera's frames at -1/30 s and 0 s and the
+wrist camera's anchor frame, at 0 and 2 workers, epoch after epoch:
 
 - ``setup + first batch``: from before ``dm.setup("fit")`` to the first batch in hand;
 - ``first windows/s``: the ``--windows`` windows after the first batch (the same count at
