@@ -144,14 +144,16 @@ def run(root: Path, naive_windows: int) -> None:
     delivered = windows * 3
     dataset = dm.stream.source.reader.dataset
     fps = dataset.fps
-    episodes = {e.index: e for e in dataset.episodes}
+    episodes = dataset.episodes
+    slot_of = {int(index): slot for slot, index in enumerate(episodes.index)}
     start = time.perf_counter()
     naive_delivered = naive_decoded = naive_bytes = 0
     for episode_index, frame in anchors[:naive_windows]:
-        episode = episodes[episode_index]
+        slot = slot_of[episode_index]
         for camera, offsets in ((FRONT, [-3, 0]), (WRIST, [0])):
-            relative, from_timestamp = episode.videos[camera]
-            frames = [min(max(frame + o, 0), episode.length - 1) for o in offsets]
+            relative, from_timestamp = episodes.video(slot, camera)
+            last = int(episodes.length[slot]) - 1
+            frames = [min(max(frame + o, 0), last) for o in offsets]
             seconds = [from_timestamp + f / fps for f in frames]
             got, decoded, read = naive_window(root / relative, seconds, fps)
             naive_delivered += got
@@ -160,7 +162,7 @@ def run(root: Path, naive_windows: int) -> None:
     naive_time = time.perf_counter() - start
     module_rate = windows / module_time
     naive_rate = min(naive_windows, len(anchors)) / naive_time
-    print(f"dataset: {len(episodes)} episodes, {sum(e.length for e in episodes.values())} frames,"
+    print(f"dataset: {len(episodes)} episodes, {int(episodes.length.sum())} frames,"
           f" 2 cameras, {video_bytes} bytes of MP4")  # fmt: skip
     print(f"module: {windows} windows in {module_time:.2f} s = {module_rate:.0f} windows/s")
     print(f"naive:  {min(naive_windows, len(anchors))} windows in {naive_time:.2f} s"

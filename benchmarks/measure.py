@@ -91,6 +91,27 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def size_summary(runs: dict, sizes: list[int], ratios: tuple[str, ...]) -> dict:
+    """Per configuration (``"<size>:<workers>"``), the :func:`spread` of each float figure
+    over the rounds; then per worker count (0 and 2), the largest size's median of each of
+    ``ratios`` over the smallest size's."""
+    figures = {}
+    for config, results in runs.items():
+        figures[config] = {
+            key: spread([r[key] for r in results])
+            for key in results[0]
+            if isinstance(results[0][key], float)
+        }
+    smallest, largest = min(sizes), max(sizes)
+    for workers in (0, 2):
+        small, large = runs[f"{smallest}:{workers}"], runs[f"{largest}:{workers}"]
+        figures[f"{largest} over {smallest}, {workers} workers"] = {
+            key: statistics.median(r[key] for r in large) / statistics.median(r[key] for r in small)
+            for key in ratios
+        }
+    return figures
+
+
 def shown(figure: dict[str, float]) -> str:
     """A :func:`spread` as ``median (min-max)``."""
     return f"{figure['median']:.2f} ({figure['min']:.2f}-{figure['max']:.2f})"

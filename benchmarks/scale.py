@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 from fresh import hand_back, run_fresh
 from lance_s3 import blocks_per_rows
-from measure import PeakRss, shown, spread, tree_rss_mb
+from measure import PeakRss, shown, size_summary, tree_rss_mb
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_SPLITS = 64
@@ -164,7 +163,7 @@ def main() -> None:
     for name, (options, seconds) in extra.items():
         arguments = [__file__, "--one", uris[largest], "0", json.dumps(options), seconds]
         runs[f"{largest}:0 {name}"] = [run_fresh(arguments, f"{largest}:0 {name}")]
-    figures = summary(runs, sizes)
+    figures = size_summary(runs, sizes, ("first_batch_s", "rows_per_s"))
     report(figures)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -173,32 +172,12 @@ def main() -> None:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
 
 
-def summary(runs: dict, sizes: list[int]) -> dict:
-    figures = {}
-    for config, results in runs.items():
-        figures[config] = {
-            key: spread([r[key] for r in results])
-            for key in results[0]
-            if isinstance(results[0][key], float)
-        }
-    smallest, largest = min(sizes), max(sizes)
-    for workers in (0, 2):
-        small, large = runs[f"{smallest}:{workers}"], runs[f"{largest}:{workers}"]
-        figures[f"{largest} over {smallest}, {workers} workers"] = {
-            "first_batch": statistics.median(r["first_batch_s"] for r in large)
-            / statistics.median(r["first_batch_s"] for r in small),
-            "rows_per_s": statistics.median(r["rows_per_s"] for r in large)
-            / statistics.median(r["rows_per_s"] for r in small),
-        }
-    return figures
-
-
 def report(figures: dict) -> None:
     print(f"\n{'configuration':<22} {'setup + first batch s':>22} {'rows/s':>26}"
           f" {'next first batch s':>19} {'peak above start GB':>20} {'blocks/64':>9}")  # fmt: skip
     for config, f in figures.items():
-        if "first_batch_s" not in f:
-            print(f"{config:<22} 64M/1M: setup + first batch {f['first_batch']:.2f}x,"
+        if " over " in config:
+            print(f"{config:<22} 64M/1M: setup + first batch {f['first_batch_s']:.2f}x,"
                   f" rows/s {f['rows_per_s']:.2f}x")  # fmt: skip
             continue
         following = shown(f["next_first_batch_s"]) if "next_first_batch_s" in f else "-"

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from fresh import hand_back, run_fresh
-from measure import PeakRss, shown, spread, tree_rss_mb
+from measure import PeakRss, shown, size_summary, tree_rss_mb
 
 ROOT = Path(__file__).resolve().parents[1]
 FRAMES = 12  # an episode's
@@ -170,7 +170,7 @@ def main(argv: list[str]) -> None:
                 runs.setdefault(config, []).append(
                     run_fresh(arguments, f"round {round_} {config:<10}")
                 )
-    figures = summary(runs, sizes)
+    figures = size_summary(runs, sizes, ("first_windows_per_s", "windows_per_s"))
     report(figures)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -187,24 +187,6 @@ def main(argv: list[str]) -> None:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
 
 
-def summary(runs: dict, sizes: list[int]) -> dict:
-    figures = {}
-    for config, results in runs.items():
-        figures[config] = {
-            key: spread([r[key] for r in results])
-            for key in results[0]
-            if isinstance(results[0][key], float)
-        }
-    smallest, largest = min(sizes), max(sizes)
-    for workers in (0, 2):
-        small, large = runs[f"{smallest}:{workers}"], runs[f"{largest}:{workers}"]
-        figures[f"{largest} over {smallest}, {workers} workers"] = {
-            key: statistics.median(r[key] for r in large) / statistics.median(r[key] for r in small)
-            for key in ("first_windows_per_s", "windows_per_s")
-        }
-    return figures
-
-
 def report(figures: dict) -> None:
     bound = 0.3 + BUDGET_GB
     print(
@@ -213,7 +195,7 @@ def report(figures: dict) -> None:
         f"   (bound {bound:.2f} GB)"
     )
     for config, f in figures.items():
-        if "first_batch_s" not in f:
+        if " over " in config:
             print(
                 f"{config}: windows/s {f['windows_per_s']:.2f}x"
                 f" (first windows {f['first_windows_per_s']:.2f}x)"

@@ -69,7 +69,7 @@ class VideoEpisodeDataModule(StreamingDataModule):
         episodes: episode indices to train on; default ``None`` (all). An empty list raises
             ``ValueError``.
         episode_pool_size: chunks of episodes resident per split (each decoded once, reused
-            by all its windows; anchors are drawn at random from the resident chunks);
+            by all its windows; each round serves one window of each, in a seeded order);
             default 2. Part of the run's identity.
         byte_budget_gb: the most decoded frames (GiB) a rank holds, over all its reading
             processes, whatever ``num_splits``, ``episode_pool_size`` or the topology: it
