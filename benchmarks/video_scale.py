@@ -1,7 +1,7 @@
 """VideoEpisodeDataModule on LeRobot-layout datasets of 1k to 100k episodes.
 
     python benchmarks/bench_video.py --scale [--sizes 1000,10000,100000] [--rounds 2]
-        [--data-dir DIR] [--windows 32768] [--json PATH]
+        [--data-dir DIR] [--windows 65536] [--json PATH]
 
 The datasets (``lightning_stream.video.synthetic.write_dataset``: two 96x96 h264 cameras,
 12 frames an episode, 500 episodes a file, one Parquet row group per episode; 1.2M frames
@@ -138,7 +138,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--windows", type=int, default=32768)
+    parser.add_argument("--windows", type=int, default=65536)
     parser.add_argument("--data-dir", type=Path, default=Path.home() / ".cache" / "ls-video-scale")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures")
     args = parser.parse_args(argv)

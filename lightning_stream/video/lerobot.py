@@ -146,9 +146,10 @@ def open_dataset(
     def files(prefix: str, template: str, **names: str) -> tuple[np.ndarray, tuple[str, ...]]:
         chunk = selected[f"{prefix}/chunk_index"].to_numpy().astype(np.int64)
         file = selected[f"{prefix}/file_index"].to_numpy().astype(np.int64)
-        pairs, position = np.unique(np.stack([chunk, file], axis=1), axis=0, return_inverse=True)
+        keys, position = np.unique(chunk << 32 | file, return_inverse=True)
         paths = tuple(
-            template.format(chunk_index=c, file_index=f, **names) for c, f in pairs.tolist()
+            template.format(chunk_index=key >> 32, file_index=key & 0xFFFFFFFF, **names)
+            for key in keys.tolist()
         )
         return position.reshape(-1).astype(np.int32), paths
 
