@@ -112,7 +112,8 @@ class EpisodeReader:
             key: frame_offsets(key, deltas, self.fps, spec.tolerance_s)
             for key, deltas in spec.delta_timestamps.items()
         }
-        self.ahead = RowsAhead(FrameRows(self.dataset, self.columns, self.offsets))
+        rows = FrameRows(self.dataset, self.columns, self.offsets)
+        self.ahead = RowsAhead(rows, int(spec.byte_budget_gb * 2**30) // 64)
         self.track = Tracks(self.dataset, spec.sidecar_dir, spec.lock_timeout)
         self._epoch_plans: dict[int, tuple[list[Pieces], dict[int, SplitOrder]]] = {}
         self.resident: dict[tuple[int, int], ResidentChunk] = {}

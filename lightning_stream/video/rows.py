@@ -12,7 +12,7 @@ Opening a data file (its footer) costs far more than reading one episode's rows,
 chunks a reader serves next lie in files all over the dataset. So :class:`RowsAhead`
 reads the rows of many upcoming chunks at once, each file opened once for all of them: a
 chunk a split at first (the first batch waits for no more), eight times as many each
-time after, up to :data:`AHEAD_CHUNKS` or :data:`AHEAD_BYTES` of rows.
+time after, up to :data:`AHEAD_CHUNKS` chunks or a 64th of the byte budget of rows.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from lightning_stream.video.plan import Piece, Pieces
 
 OPEN_FILES = 16  # data files whose footer a reader keeps open
 AHEAD_CHUNKS = 4096  # the most chunks whose rows are read at once
-AHEAD_BYTES = 16 * 2**20  # the most bytes of rows read ahead of their chunks
 
 Rows = tuple[int, dict[str, np.ndarray]]  # the episode frame of the first row, the columns
 
@@ -158,10 +157,13 @@ class RowsAhead:
 
     Args:
         rows: the reader of the data files.
+        limit: the most bytes of rows read ahead of their chunks (the data module gives a
+            64th of ``byte_budget_gb``: 16 MiB at its default).
     """
 
-    def __init__(self, rows: FrameRows) -> None:
+    def __init__(self, rows: FrameRows, limit: int) -> None:
         self.rows = rows
+        self.limit = limit
         self._queues: dict[int, list] = {}  # split -> [chunks in order, next to read]
         self._ready: dict[tuple[int, Piece], Rows] = {}
         self._reading: Future[None] | None = None  # the next chunks' rows, being read
@@ -210,7 +212,7 @@ class RowsAhead:
             self._queues[split][1] = stop
         self._last_read = len(chunks)
         per_chunk = self.rows.bytes_per_frame * max(1, self.rows.frames_per_chunk)
-        most = min(AHEAD_CHUNKS, AHEAD_BYTES / max(per_chunk, 1.0)) / max(1, len(self._queues))
+        most = min(AHEAD_CHUNKS, self.limit / max(per_chunk, 1.0)) / max(1, len(self._queues))
         self._per_split = int(max(1, min(8 * self._per_split, most)))
         return chunks
 
