@@ -51,6 +51,16 @@ class Episodes:
         file = self.video_files[camera][self.video_file[camera][slot]]
         return file, float(self.from_timestamp[camera][slot])
 
+    def shown_at(self, camera: str, file: int, seconds: float) -> tuple[int, float]:
+        """The episode that ``camera``'s file ``file`` (a position in ``video_files``)
+        shows at ``seconds`` in the file, and the time within that episode."""
+        stored = np.flatnonzero(self.video_file[camera] == file)
+        starts = self.from_timestamp[camera][stored]
+        order = np.argsort(starts, kind="stable")
+        at = max(0, int(np.searchsorted(starts[order], seconds, side="right")) - 1)
+        slot = int(stored[order][at])
+        return int(self.index[slot]), seconds - float(self.from_timestamp[camera][slot])
+
     def data(self, slot: int) -> str:
         """The Parquet file holding the per-frame rows of the episode at ``slot``."""
         return self.data_files[self.data_file[slot]]

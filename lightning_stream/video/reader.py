@@ -266,7 +266,14 @@ class EpisodeReader:
             for piece in queues[split] if self.remote else ():
                 self._unread[piece.episode].add(piece)
         self.ahead.begin(queues)
-        for split, position in first_round if self.remote else ():
+        if not self.remote:
+            return
+        # the first round's files, indexed at once rather than one round trip after another
+        cameras = self.dataset.cameras
+        first = {chunks[0] for chunks in queues.values() if len(chunks)}
+        files = {(self.episodes.video(p.episode, c)[0], c) for p in first for c in cameras}
+        list(self._fetch_pool().map(lambda file: self.track(*file), files))
+        for split, position in first_round:
             order = self.split_order(epoch, split)
             if (split, int(order.chunk_of[position])) not in self.resident:
                 self._fetch_chunk(order.chunks[int(order.chunk_of[position])])
@@ -275,9 +282,7 @@ class EpisodeReader:
         """Start reading the packets of a chunk that becomes resident later."""
         if not self.remote:
             return  # a local read costs no round trip
-        if self._fetcher is None:
-            self._fetcher = ThreadPoolExecutor(FETCH_THREADS, "video-fetch")
-        fetcher = self._fetcher
+        fetcher = self._fetch_pool()
         for camera in self.dataset.cameras:
             relative, _, handle, _, _, offset, size = self._camera_range(piece, camera)
             if (relative, offset, size) not in self._fetches:
@@ -285,6 +290,11 @@ class EpisodeReader:
                     piece, camera, relative, offset, size,
                     lambda at, length, handle=handle: fetcher.submit(handle.read_at, length, at),
                 )  # fmt: skip
+
+    def _fetch_pool(self) -> ThreadPoolExecutor:
+        if self._fetcher is None:
+            self._fetcher = ThreadPoolExecutor(FETCH_THREADS, "video-fetch")
+        return self._fetcher
 
     def _read(
         self, piece: Piece, camera: str, relative: str, offset: int, size: int, fetch: Fetch
@@ -310,25 +320,14 @@ class EpisodeReader:
         try:
             return chunk.window(camera, frames)
         except DamagedVideoError as exc:
-            relative = self.episodes.video(episode_slot, camera)[0]
-            damaged, at = self._episode_at(relative, camera, exc.seconds)
+            file = self.episodes.video_file[camera][episode_slot]
+            damaged, at = self.episodes.shown_at(camera, file, exc.seconds)
             raise DamagedVideoError(
                 f"damaged video: episode {damaged}, camera {camera!r}, frame"
                 f" {round(at * self.fps)} at {at:.3f} s of the episode ({exc.seconds:.3f} s"
                 f" in the file): {exc}. Re-encode the file, leave the episode out"
                 " (episodes=[...]), or pass on_decode_error='skip'"
             ) from exc
-
-    def _episode_at(self, relative: str, camera: str, seconds: float) -> tuple[int, float]:
-        """The episode of ``relative`` shown at ``seconds`` in the file, and its own time."""
-        episodes = self.episodes
-        file = episodes.video_files[camera].index(relative)
-        stored = np.flatnonzero(episodes.video_file[camera] == file)
-        starts = episodes.from_timestamp[camera][stored]
-        owner = stored[np.argsort(starts, kind="stable")]
-        at = max(0, int(np.searchsorted(np.sort(starts), seconds, side="right")) - 1)
-        slot = int(owner[at])
-        return int(episodes.index[slot]), seconds - float(episodes.from_timestamp[camera][slot])
 
     def counters(self) -> dict[str, float]:
         """Payload read, packets decoded, and what the resident chunks hold now: decoded

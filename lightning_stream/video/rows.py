@@ -23,12 +23,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from lightning_stream.video.lerobot import ID_COLUMNS, LeRobotDataset
 from lightning_stream.video.plan import Piece, Pieces
 
 OPEN_FILES = 16  # data files whose footer a reader keeps open
+READ_THREADS = 8  # data files read at once on an object store
 AHEAD_CHUNKS = 4096  # the most chunks whose rows are read at once
 
 Rows = tuple[int, dict[str, np.ndarray]]  # the episode frame of the first row, the columns
@@ -60,6 +62,9 @@ class FrameRows:
         self.bytes_per_frame = 0.0  # of the rows read so far
         self.frames_per_chunk = 0.0  # rows a chunk took, in the last read
         self._lock = threading.Lock()  # a read ahead runs beside the reader's own
+        self._files_lock = threading.Lock()  # the files of one read, read at once
+        self.remote = not isinstance(dataset.fs, pafs.LocalFileSystem)
+        self._readers: ThreadPoolExecutor | None = None
 
     def read(self, pieces: list[Piece]) -> list[Rows]:
         """The rows the windows of each chunk of ``pieces`` take (frames of its episode
@@ -79,11 +84,16 @@ class FrameRows:
         by_file: dict[int, list[int]] = {}
         for at, piece in enumerate(pieces):
             by_file.setdefault(int(episodes.data_file[piece.episode]), []).append(at)
+        relatives = [episodes.data_files[file] for file in by_file]
+        wanted = [{int(episodes.index[pieces[at].episode]) for at in m} for m in by_file.values()]
+        if self.remote and len(by_file) > 1:  # a round trip or more a file: all at once
+            if self._readers is None:
+                self._readers = ThreadPoolExecutor(READ_THREADS, "video-rows-read")
+            tables = self._readers.map(self._read_episodes, relatives, wanted)
+        else:
+            tables = map(self._read_episodes, relatives, wanted)
         frames = read_bytes = 0
-        for file, members in by_file.items():
-            relative = episodes.data_files[file]
-            wanted = {int(episodes.index[pieces[at].episode]) for at in members}
-            table = self._read_episodes(relative, wanted)
+        for relative, members, table in zip(relatives, by_file.values(), tables, strict=True):
             read_bytes += table.nbytes
             frames += len(table)
             columns = {name: _numpy(table[name]) for name in table.column_names}
@@ -100,18 +110,22 @@ class FrameRows:
         return found  # type: ignore[return-value]
 
     def _read_episodes(self, relative: str, episodes: set[int]) -> pa.Table:
-        """The row groups of ``relative`` that may hold rows of ``episodes``."""
-        if relative in self._open:
-            self._open.move_to_end(relative)
-        else:
+        """The row groups of ``relative`` that may hold rows of ``episodes`` (one file per
+        thread at a time: the kept files are shared)."""
+        with self._files_lock:
+            file = self._open.pop(relative, None)
+            ranges = self._ranges.get(relative)
+        if file is None:
             handle = self.dataset.fs.open_input_file(self.dataset.path(relative))
-            self._open[relative] = pq.ParquetFile(handle)
+            file = pq.ParquetFile(handle)
+        if ranges is None:
+            ranges = _episode_ranges(file)
+        with self._files_lock:
+            self._open[relative] = file  # the most recently used, last
+            self._ranges[relative] = ranges
             if len(self._open) > OPEN_FILES:
                 self._open.popitem(last=False)
-        file = self._open[relative]
-        if relative not in self._ranges:
-            self._ranges[relative] = _episode_ranges(file)
-        low, high = self._ranges[relative]
+        low, high = ranges
         wanted = np.asarray(sorted(episodes))
         # a group holds a wanted episode if one lies within its range
         above = np.searchsorted(wanted, low, side="left")  # the first wanted at or above low

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,13 +56,20 @@ class VideoFile:
         return handle, handle.size()
 
 
-def fingerprint(handle: pafs.NativeFile, size: int) -> str:
-    """A digest of the file's size and sampled content: cheap, and changes on replacement."""
+def fingerprint(handle: pafs.NativeFile, size: int, concurrent: bool = False) -> str:
+    """A digest of the file's size and sampled content: cheap, and changes on replacement.
+    ``concurrent``: the sampled blocks are read at once (on an object store: one round trip
+    rather than one a block)."""
     digest = hashlib.blake2b(str(size).encode(), digest_size=16)
     spans = [(0, min(EDGE, size)), (max(0, size - EDGE), min(EDGE, size))]
     spans += [(size * i // (BLOCKS + 1), min(BLOCK, size)) for i in range(1, BLOCKS + 1)]
-    for offset, length in spans:
-        digest.update(handle.read_at(length, offset))
+    if concurrent:
+        with ThreadPoolExecutor(len(spans), "fingerprint") as pool:
+            blocks = list(pool.map(lambda span: handle.read_at(span[1], span[0]), spans))
+    else:
+        blocks = [handle.read_at(length, offset) for offset, length in spans]
+    for block in blocks:
+        digest.update(block)
     return digest.hexdigest()
 
 
@@ -137,7 +145,7 @@ def load_or_build(
     path = sidecar_path(cache_dir, dataset, video)
     handle, size = video.reader()
     with handle:
-        digest = fingerprint(handle, size)
+        digest = fingerprint(handle, size, not isinstance(video.filesystem, pafs.LocalFileSystem))
         track = _load(path, digest)
         if track is not None:
             return track, False

@@ -12,6 +12,7 @@ checking it against its MP4 a second time.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -54,21 +55,25 @@ class Tracks:
         self.limit = limit
         self._kept: OrderedDict[str, tuple[VideoTrack, Any]] = OrderedDict()
         self._checked: dict[str, Path] = {}  # file -> its sidecar, checked in this process
+        self._lock = threading.Lock()
         self._bytes = 0
 
     def __call__(self, relative: str, camera: str) -> tuple[VideoTrack, Any]:
-        """The sample table of ``camera``'s file ``relative`` and an open handle."""
-        if relative in self._kept:
-            self._kept.move_to_end(relative)
-            return self._kept[relative]
+        """The sample table of ``camera``'s file ``relative`` and an open handle (several
+        threads may ask at once: on an object store a pass's first files load together)."""
+        with self._lock:
+            if relative in self._kept:
+                self._kept.move_to_end(relative)
+                return self._kept[relative]
+            checked = self._checked.get(relative)
         video = VideoFile(self.dataset.fs, self.dataset.path(relative))
         # a sidecar checked against its MP4 once is read again as it is, once evicted
-        again = relative in self._checked and read_sidecar(self._checked[relative])
+        again = checked is not None and read_sidecar(checked)
         if again:
             track = again[0]
         else:
             track, _ = load_or_build(video, self.sidecar_dir, self.dataset.root, self.lock_timeout)
-            self._checked[relative] = sidecar_path(self.sidecar_dir, self.dataset.root, video)
+            checked = sidecar_path(self.sidecar_dir, self.dataset.root, video)
         declared = self.dataset.frame_shape(camera)
         if (track.height, track.width) != declared:
             raise ValueError(
@@ -76,12 +81,17 @@ class Tracks:
                 f" declares {declared[0]}x{declared[1]} for camera {camera!r}: the byte budget"
                 " is sized from info.json, so correct it there"
             )
-        self._kept[relative] = track, self.dataset.fs.open_input_file(video.path)
-        self._bytes += _table_bytes(track)
-        while self._bytes > self.limit and len(self._kept) > 1:
-            evicted, _ = self._kept.popitem(last=False)[1]
-            self._bytes -= _table_bytes(evicted)
-        return self._kept[relative]
+        handle = self.dataset.fs.open_input_file(video.path)
+        with self._lock:
+            self._checked[relative] = checked
+            if relative not in self._kept:  # else another thread loaded it meanwhile
+                self._kept[relative] = track, handle
+                self._bytes += _table_bytes(track)
+            found = self._kept[relative]
+            while self._bytes > self.limit and len(self._kept) > 1:
+                evicted, _ = self._kept.popitem(last=False)[1]
+                self._bytes -= _table_bytes(evicted)
+        return found
 
 
 def _table_bytes(track: VideoTrack) -> int:
