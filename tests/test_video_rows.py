@@ -7,8 +7,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from lightning_stream.plan import RankEpochPlan
-from lightning_stream.video.reader import VideoSpec
 from lightning_stream.video.source import VideoSource
+from lightning_stream.video.spec import VideoSpec
 from lightning_stream.video.synthetic import write_dataset
 
 # row groups of over 8 KiB: Arrow's pre-buffering joins the reads of two wanted row groups

@@ -19,8 +19,8 @@ from lightning_stream.storage import (
     pyarrow_filesystem,
     storage_error,
 )
-from lightning_stream.video.reader import VideoSpec
 from lightning_stream.video.source import VideoSource
+from lightning_stream.video.spec import VideoSpec
 from lightning_stream.workers.checks import check_sendable
 
 log = logging.getLogger(__name__)

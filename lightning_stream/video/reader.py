@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -39,35 +37,14 @@ from lightning_stream.video.plan import (
 )
 from lightning_stream.video.rows import FrameRows, RowsAhead
 from lightning_stream.video.shared import Fetch, SharedRanges, read_now
+from lightning_stream.video.spec import VideoSpec
 from lightning_stream.video.tracks import Tracks
 
 # reads in flight ahead of the chunks being decoded, on an object store (each waits a
 # round trip: one per camera of each split's next chunk)
 FETCH_THREADS = 8
-
-
-@dataclass(frozen=True)
-class VideoSpec:
-    """Everything a reading process needs to build samples; picklable."""
-
-    root: str
-    episodes: tuple[int, ...] | None
-    delta_timestamps: dict[str, tuple[float, ...]]
-    num_splits: int
-    shuffle_seed: int
-    pool_size: int
-    byte_budget_gb: float
-    sidecar_dir: str
-    lock_timeout: float
-    image_transforms: Callable[[Any], Any] | None = None
-    tolerance_s: float = 1e-4
-    image_dtype: str = "uint8"
-    drop_n_last_frames: int = 0
-    on_decode_error: str = "raise"
-    # anchors per chunk, from the byte budget (VideoSource sets it at setup)
-    chunk_frames: int = 0
-    # holds credentials: out of repr (logs, errors); pickled only to the workers
-    filesystem: pafs.FileSystem | None = field(default=None, repr=False, compare=False)
+# MP4s whose sidecars are loaded ahead at once, on an object store (each 2 round trips)
+INDEX_AHEAD = 256
 
 
 @dataclass(frozen=True)
@@ -113,17 +90,19 @@ class EpisodeReader:
             for key, deltas in spec.delta_timestamps.items()
         }
         rows = FrameRows(self.dataset, self.columns, self.offsets)
-        self.ahead = RowsAhead(rows, int(spec.byte_budget_gb * 2**30) // 64)
+        self.remote = not isinstance(self.dataset.fs, pafs.LocalFileSystem)
+        warm = self._index_files if self.remote else None
+        self.ahead = RowsAhead(rows, int(spec.byte_budget_gb * 2**30) // 64, warm)
         self.track = Tracks(self.dataset, spec.sidecar_dir, spec.lock_timeout)
         self._epoch_plans: dict[int, tuple[list[Pieces], dict[int, SplitOrder]]] = {}
         self.resident: dict[tuple[int, int], ResidentChunk] = {}
         # on an object store, the packets of each split's next chunk are read while the
         # current ones decode: (file, offset, size) -> the read in flight
-        self.remote = not isinstance(self.dataset.fs, pafs.LocalFileSystem)
         self._fetches: dict[tuple[str, int, int], Future] = {}
         # the camera ranges of chunks not resident yet (read ahead, or sharing packets)
         self._ranges: dict[tuple[Piece, str], tuple] = {}
         self._fetcher: ThreadPoolExecutor | None = None
+        self._indexer: ThreadPoolExecutor | None = None
         # on an object store the packets both sides of a cut need are read once (see
         # video/shared.py); the pass's chunks not read yet, by episode
         self._shared = SharedRanges.within(spec.byte_budget_gb)
@@ -269,10 +248,7 @@ class EpisodeReader:
         if not self.remote:
             return
         # the first round's files, indexed at once rather than one round trip after another
-        cameras = self.dataset.cameras
-        first = {chunks[0] for chunks in queues.values() if len(chunks)}
-        files = {(self.episodes.video(p.episode, c)[0], c) for p in first for c in cameras}
-        list(self._fetch_pool().map(lambda file: self.track(*file), files))
+        self._index_files([chunks[0] for chunks in queues.values() if len(chunks)])
         for split, position in first_round:
             order = self.split_order(epoch, split)
             if (split, int(order.chunk_of[position])) not in self.resident:
@@ -290,6 +266,15 @@ class EpisodeReader:
                     piece, camera, relative, offset, size,
                     lambda at, length, handle=handle: fetcher.submit(handle.read_at, length, at),
                 )  # fmt: skip
+
+    def _index_files(self, pieces: list[Piece]) -> None:
+        """Load the sidecars of the MP4s of ``pieces`` at once (up to ``INDEX_AHEAD``), on
+        threads of their own: on an object store each costs round trips."""
+        cameras = self.dataset.cameras
+        files = {(self.episodes.video(p.episode, c)[0], c) for p in pieces for c in cameras}
+        if self._indexer is None:
+            self._indexer = ThreadPoolExecutor(FETCH_THREADS, "video-index")
+        list(self._indexer.map(lambda file: self.track(*file), list(files)[:INDEX_AHEAD]))
 
     def _fetch_pool(self) -> ThreadPoolExecutor:
         if self._fetcher is None:

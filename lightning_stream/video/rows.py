@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -173,11 +174,19 @@ class RowsAhead:
         rows: the reader of the data files.
         limit: the most bytes of rows read ahead of their chunks (the data module gives a
             64th of ``byte_budget_gb``: 16 MiB at its default).
+        after_read: called with the chunks whose rows were just read ahead, on the thread
+            that read them (the reader indexes their MP4s ahead on an object store).
     """
 
-    def __init__(self, rows: FrameRows, limit: int) -> None:
+    def __init__(
+        self,
+        rows: FrameRows,
+        limit: int,
+        after_read: Callable[[list[Piece]], None] | None = None,
+    ) -> None:
         self.rows = rows
         self.limit = limit
+        self.after_read = after_read
         self._queues: dict[int, list] = {}  # split -> [chunks in order, next to read]
         self._ready: dict[tuple[int, Piece], Rows] = {}
         self._reading: Future[None] | None = None  # the next chunks' rows, being read
@@ -231,8 +240,11 @@ class RowsAhead:
         return chunks
 
     def _read(self, chunks: list[tuple[int, Piece]]) -> None:
-        found = self.rows.read([piece for _, piece in chunks])
+        pieces = [piece for _, piece in chunks]
+        found = self.rows.read(pieces)
         self._ready.update(zip(chunks, found, strict=True))
+        if self.after_read is not None:
+            self.after_read(pieces)
 
 
 def _episode_ranges(file: pq.ParquetFile) -> tuple[np.ndarray, np.ndarray]:

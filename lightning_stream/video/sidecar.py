@@ -134,38 +134,46 @@ def _install(table: pa.Table, path: Path) -> None:
 
 
 def load_or_build(
-    video: VideoFile, cache_dir: Path, dataset: str, lock_timeout: float = 600.0
+    video: VideoFile,
+    cache_dir: Path,
+    dataset: str,
+    lock_timeout: float = 600.0,
+    handle: pafs.NativeFile | None = None,
 ) -> tuple[VideoTrack, bool]:
-    """The sample table of ``video`` and whether this call built its sidecar.
+    """The sample table of ``video`` and whether this call built its sidecar; ``handle``:
+    the MP4 already open (left open), else it is opened and closed here.
 
     Raises:
         Mp4Error: the file is truncated, corrupt or not an indexable MP4 (names the file).
         TimeoutError: another process held the build lock longer than ``lock_timeout``.
     """
+    if handle is None:
+        opened, _ = video.reader()
+        with opened:
+            return load_or_build(video, cache_dir, dataset, lock_timeout, opened)
     path = sidecar_path(cache_dir, dataset, video)
-    handle, size = video.reader()
-    with handle:
-        digest = fingerprint(handle, size, not isinstance(video.filesystem, pafs.LocalFileSystem))
-        track = _load(path, digest)
-        if track is not None:
-            return track, False
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with FileLock(str(path) + ".lock", timeout=lock_timeout):
-                track = _load(path, digest)  # built by another process while we waited
-                if track is not None:
-                    return track, False
-                track = read_video_track(
-                    lambda offset, length: handle.read_at(length, offset), size, video.path
-                )
-                _install(_to_table(track, digest, video.path), path)
-                return track, True
-        except Timeout as exc:
-            raise TimeoutError(
-                f"waited {lock_timeout:.0f} s for another process building the sidecar of"
-                f" {video.path} (lock {path}.lock); raise the lock timeout if building it takes"
-                " longer"
-            ) from exc
+    size = handle.size()
+    digest = fingerprint(handle, size, not isinstance(video.filesystem, pafs.LocalFileSystem))
+    track = _load(path, digest)
+    if track is not None:
+        return track, False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with FileLock(str(path) + ".lock", timeout=lock_timeout):
+            track = _load(path, digest)  # built by another process while we waited
+            if track is not None:
+                return track, False
+            track = read_video_track(
+                lambda offset, length: handle.read_at(length, offset), size, video.path
+            )
+            _install(_to_table(track, digest, video.path), path)
+            return track, True
+    except Timeout as exc:
+        raise TimeoutError(
+            f"waited {lock_timeout:.0f} s for another process building the sidecar of"
+            f" {video.path} (lock {path}.lock); raise the lock timeout if building it takes"
+            " longer"
+        ) from exc
 
 
 def build_missing(

@@ -29,8 +29,9 @@ from lightning_stream.plan import RankEpochPlan
 from lightning_stream.skipped import SKIP_REASON
 from lightning_stream.video.decode import DamagedVideoWarning
 from lightning_stream.video.lerobot import file_sizes
-from lightning_stream.video.reader import EpisodeReader, VideoSpec
+from lightning_stream.video.reader import EpisodeReader
 from lightning_stream.video.sidecar import VideoFile, build_missing
+from lightning_stream.video.spec import VideoSpec
 from lightning_stream.video.task import DecodeJob, DecodeTask, batches, reader_positions
 from lightning_stream.video.windows import transformed
 from lightning_stream.workers.inline import InlineReader

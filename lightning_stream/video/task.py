@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from lightning_stream.plan import RankEpochPlan, ReaderOrder
-from lightning_stream.video.reader import EpisodeReader, VideoSpec
+from lightning_stream.video.reader import EpisodeReader
+from lightning_stream.video.spec import VideoSpec
 from lightning_stream.video.windows import Batch, assemble
 
 POSITIONS_WINDOW = 4096  # anchors whose positions are computed at once

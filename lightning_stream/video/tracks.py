@@ -67,13 +67,15 @@ class Tracks:
                 return self._kept[relative]
             checked = self._checked.get(relative)
         video = VideoFile(self.dataset.fs, self.dataset.path(relative))
+        handle, _ = video.reader()
         # a sidecar checked against its MP4 once is read again as it is, once evicted
         again = checked is not None and read_sidecar(checked)
         if again:
             track = again[0]
         else:
-            track, _ = load_or_build(video, self.sidecar_dir, self.dataset.root, self.lock_timeout)
-            checked = sidecar_path(self.sidecar_dir, self.dataset.root, video)
+            root, timeout = self.dataset.root, self.lock_timeout
+            track, _ = load_or_build(video, self.sidecar_dir, root, timeout, handle)
+            checked = sidecar_path(self.sidecar_dir, root, video)
         declared = self.dataset.frame_shape(camera)
         if (track.height, track.width) != declared:
             raise ValueError(
@@ -81,7 +83,6 @@ class Tracks:
                 f" declares {declared[0]}x{declared[1]} for camera {camera!r}: the byte budget"
                 " is sized from info.json, so correct it there"
             )
-        handle = self.dataset.fs.open_input_file(video.path)
         with self._lock:
             self._checked[relative] = checked
             if relative not in self._kept:  # else another thread loaded it meanwhile
