@@ -9,6 +9,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
 
 from lightning_stream import loop_state
 from lightning_stream.preemption import (
@@ -78,6 +79,7 @@ class StreamStateCallback(Callback):
         self._interrupted: tuple[int, list[int] | None] | None = None
         self._sigterm = SigtermSync()
 
+    @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer = trainer
         self._stream = find_stream(trainer)
@@ -96,6 +98,7 @@ class StreamStateCallback(Callback):
                 " first batches in the same order every epoch (no reshuffle)"
             )
 
+    @override
     def on_train_batch_end(
         self,
         trainer: pl.Trainer,
@@ -108,6 +111,7 @@ class StreamStateCallback(Callback):
             self._stream.commit_batch(last_batch=loop_state.is_last_batch(trainer))
             self._sigterm.agree(trainer)
 
+    @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         stream = self._stream
         if stream is not None:
@@ -127,6 +131,7 @@ class StreamStateCallback(Callback):
         loop_state.set_batches_done(trainer, target)
         log.debug("resumed stream: Lightning's batch counter set to %d", target)
 
+    @override
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
@@ -150,6 +155,7 @@ class StreamStateCallback(Callback):
             self._interrupted = (step, merge(rows) if rows else None)
         return self._interrupted[1]
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         stream, trainer = self._stream, self._trainer
         if stream is None or trainer is None:
@@ -169,6 +175,7 @@ class StreamStateCallback(Callback):
             complete = True
         return stream.merged_state(progress, complete, provenance()).to_dict()
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
             return

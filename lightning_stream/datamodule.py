@@ -6,6 +6,7 @@ import logging
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Checkpoint
+from typing_extensions import override
 
 from lightning_stream.callback import StreamStateCallback
 from lightning_stream.checkpoint_load import name_load_errors
@@ -72,6 +73,7 @@ class StreamingDataModule(pl.LightningDataModule):
         trainer.callbacks.insert(position, StreamStateCallback())
         log.info("%s added StreamStateCallback to the trainer", type(self).__name__)
 
+    @override
     def train_dataloader(self):
         if self.stream is None:
             raise RuntimeError(f"call {type(self).__name__}.setup('fit') before train_dataloader()")

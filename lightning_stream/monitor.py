@@ -8,6 +8,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
 
 from lightning_stream.batching import batch_len
 from lightning_stream.callback import find_stream
@@ -44,14 +45,17 @@ class LoaderMonitor(Callback):
         self._epoch_wait = 0.0
         self._epoch_time = 0.0
 
+    @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch_wait = self._epoch_time = 0.0
 
+    @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._step_start = time.perf_counter()
 
+    @override
     def on_train_batch_end(
         self,
         trainer: pl.Trainer,
@@ -76,6 +80,7 @@ class LoaderMonitor(Callback):
         metrics.update({f"loader/{k}": float(v) for k, v in stream.counters().items()})
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=samples or 1)
 
+    @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._epoch_time and self._epoch_wait / self._epoch_time > self.warn_share:
             rank_zero_warn(

@@ -224,3 +224,24 @@ def test_no_private_name_of_lancedb_or_lance_is_used():
             ):
                 found.append(f"{name}:{node.lineno}: .{node.attr}")
     assert not found, f"private lancedb/lance names used: {found}"
+
+
+def test_every_lightning_hook_is_marked_override_and_no_callback_method_misses_one():
+    """A misspelled hook would never run: a callback's public methods must be Lightning
+    hooks, and every hook the package defines carries ``@override``."""
+    from lightning.pytorch import Callback, LightningDataModule
+
+    from lightning_stream import LanceDataModule, StreamStateCallback, VideoEpisodeDataModule
+    from lightning_stream.datamodule import StreamingDataModule
+    from lightning_stream.monitor import LoaderMonitor
+
+    classes = [StreamStateCallback, LoaderMonitor, StreamingDataModule, LanceDataModule]
+    for cls in [*classes, VideoEpisodeDataModule]:
+        base = Callback if issubclass(cls, Callback) else LightningDataModule
+        for name, member in vars(cls).items():
+            if name.startswith("_") or not callable(member):
+                continue
+            if hasattr(base, name):
+                assert getattr(member, "__override__", False), f"{cls.__name__}.{name}"
+            else:
+                assert base is not Callback, f"{cls.__name__}.{name} is no Callback hook"

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
 
 from lightning_stream.allocator import keep_read_buffers
 from lightning_stream.batching import Batch
@@ -185,6 +186,7 @@ class LanceDataModule(StreamingDataModule):
         self._val: LanceSource | None = None
         self._evaluation: dict[str, LanceSource] = {}
 
+    @override
     def setup(self, stage: str) -> None:
         _, world_size = self._rank_and_world()
         check_topology(self.num_splits, world_size, self.num_workers)
@@ -302,11 +304,13 @@ class LanceDataModule(StreamingDataModule):
                 self.num_splits,
             )
 
+    @override
     def teardown(self, stage: str) -> None:
         """Stops the reading workers that ``setup("fit")`` started."""
         if stage == "fit" and self.stream is not None:
             self.stream.source.stop_workers()
 
+    @override
     def val_dataloader(self) -> Any:
         if self._val is None:
             rank_zero_warn(
@@ -318,10 +322,12 @@ class LanceDataModule(StreamingDataModule):
         rank, world_size = self._rank_and_world()
         return EvaluationLoader(self._val, rank, world_size, self.batch_size)
 
+    @override
     def test_dataloader(self) -> EvaluationLoader:
         """This rank's part of the test rows (``test_filter`` / ``test_table``)."""
         return self._evaluation_loader("test")
 
+    @override
     def predict_dataloader(self) -> EvaluationLoader:
         """This rank's part of the rows to predict (default: the training rows)."""
         return self._evaluation_loader("predict")
@@ -341,6 +347,4 @@ def _check_positive(**values: int) -> None:
 
 def _normalise_uri(uri: str) -> str:
     """Absolute path for a local directory, so every process and worker opens the same one."""
-    if "://" in uri:
-        return uri
-    return os.path.abspath(os.path.expanduser(uri))
+    return uri if "://" in uri else os.path.abspath(os.path.expanduser(uri))

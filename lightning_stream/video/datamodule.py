@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 import torch
+from typing_extensions import override
 
 from lightning_stream.datamodule import StreamingDataModule
 from lightning_stream.plan import check_topology
@@ -183,6 +184,7 @@ class VideoEpisodeDataModule(StreamingDataModule):
         self.batch_size = batch_size
         self.num_workers = num_workers
 
+    @override
     def setup(self, stage: str) -> None:
         if stage != "fit":
             return
@@ -207,6 +209,7 @@ class VideoEpisodeDataModule(StreamingDataModule):
         if self.num_workers:
             source.start_workers(self.num_workers, self._served_batch_size())
 
+    @override
     def teardown(self, stage: str) -> None:
         """Stops the decoding workers that ``setup("fit")`` started."""
         if stage == "fit" and self.stream is not None:
