@@ -126,7 +126,7 @@ class StreamStateCallback(Callback):
                 stream.upcoming_epoch(),
             )
             loop_state.set_epoch(trainer, stream.upcoming_epoch())
-        batches = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        batches = loop_state.batches_done(trainer)
         target = steps_to_skip(stream, batches, trainer.num_training_batches)
         loop_state.set_batches_done(trainer, target)
         log.debug("resumed stream: Lightning's batch counter set to %d", target)

@@ -18,6 +18,11 @@ def is_last_batch(trainer: pl.Trainer) -> bool:
     return trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
 
 
+def batches_done(trainer: pl.Trainer) -> int:
+    """The batches Lightning's epoch loop counts as processed in this epoch."""
+    return trainer.fit_loop.epoch_loop.batch_progress.current.processed
+
+
 def set_batches_done(trainer: pl.Trainer, batches: int) -> None:
     """Make Lightning's epoch loop count ``batches`` batches as done in this epoch.
 

@@ -245,3 +245,12 @@ def test_every_lightning_hook_is_marked_override_and_no_callback_method_misses_o
                 assert getattr(member, "__override__", False), f"{cls.__name__}.{name}"
             else:
                 assert base is not Callback, f"{cls.__name__}.{name} is no Callback hook"
+
+
+def test_lightning_private_loop_state_is_touched_in_loop_state_only():
+    private = ("fit_loop", "epoch_loop", "batch_progress", "_signal_connector")
+    for name, path in _modules().items():
+        if name == "lightning_stream.loop_state":
+            continue
+        text = path.read_text()
+        assert not [p for p in private if p in text], f"{name} touches Lightning's loops"
