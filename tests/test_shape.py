@@ -19,9 +19,14 @@ import nothing at import time.
 from __future__ import annotations
 
 import ast
+import io
+import re
+import subprocess
+import tokenize
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "lightning_stream"
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "lightning_stream"
 MAX_LINES = 350
 
 
@@ -209,10 +214,10 @@ def test_no_private_name_of_lancedb_or_lance_is_used():
                 root = node.module.split(".")[0]
                 imported.add(root)
                 if root in ("lancedb", "lance"):
-                    found += [f"{name}: {node.module}.{a.name}" for a in node.names
-                              if a.name.startswith("_")]  # fmt: skip
-                    found += [f"{name}: {node.module}" for part in node.module.split(".")
-                              if part.startswith("_")]  # fmt: skip
+                    private = [a.name for a in node.names if a.name.startswith("_")]
+                    found += [f"{name}: {node.module}.{alias}" for alias in private]
+                    if any(part.startswith("_") for part in node.module.split(".")):
+                        found.append(f"{name}: {node.module}")
         if not imported & {"lancedb", "lance"}:
             continue
         for node in ast.walk(tree):
@@ -254,3 +259,47 @@ def test_lightning_private_loop_state_is_touched_in_loop_state_only():
             continue
         text = path.read_text()
         assert not [p for p in private if p in text], f"{name} touches Lightning's loops"
+
+
+_FORMATTER_OFF = re.compile(r"#\s*fmt:\s*(skip|off)\b")
+
+
+def _formatter_escapes(source: str) -> list[int]:
+    """Lines of ``source`` whose comment turns the formatter off (``fmt: skip`` or
+    ``fmt: off``); comments only, so a string that names the marker is no escape."""
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    return [
+        token.start[0]
+        for token in tokens
+        if token.type == tokenize.COMMENT and _FORMATTER_OFF.search(token.string)
+    ]
+
+
+def _tracked_python_files() -> list[Path]:
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--", "*.py"], cwd=REPO, capture_output=True, check=False
+    )
+    if listed.returncode == 0 and listed.stdout:
+        names = [name for name in listed.stdout.decode().split("\0") if name]
+        return [REPO / name for name in names if (REPO / name).exists()]
+    # not a git checkout: the repository's own folders
+    folders = ("lightning_stream", "tests", "benchmarks", "examples")
+    return sorted(path for folder in folders for path in (REPO / folder).rglob("*.py"))
+
+
+def test_the_formatter_escape_finder_sees_comments_only():
+    source = 'x = [1,  2]  # fmt: skip\n# fmt: off\ny = "# fmt: skip"\n# fmt:skip\n'
+    assert _formatter_escapes(source) == [1, 2, 4]
+
+
+def test_no_python_file_turns_the_formatter_off():
+    """Every tracked Python file (package, tests, benchmarks, examples) is as ``ruff
+    format`` writes it: no line is kept out of the formatter by hand."""
+    files = _tracked_python_files()
+    assert PACKAGE / "__init__.py" in files and Path(__file__).resolve() in files
+    found = [
+        f"{path.relative_to(REPO)}:{line}"
+        for path in files
+        for line in _formatter_escapes(path.read_text())
+    ]
+    assert not found, f"formatter turned off at: {found}"
