@@ -267,6 +267,15 @@ class ReaderOrder:
         return cls(plan, plan.splits[worker * per_worker : (worker + 1) * per_worker], False)
 
     @cached_property
+    def sizes(self) -> BatchSizes:
+        """The batches this reader cuts its rows into: the plan's own when it serves the
+        whole plan (so that every rank takes the same number of steps), else full batches
+        and then the rest."""
+        if self.head and self.splits == self.plan.splits:
+            return self.plan.sizes
+        return BatchSizes.cut(len(self), self.plan.batch_size)
+
+    @cached_property
     def _head(self) -> tuple[np.ndarray, np.ndarray]:
         if not self.head:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)

@@ -123,7 +123,7 @@ def heavy_uri(tmp_path_factory) -> str:
 
 def worker_pids(dm) -> list[int]:
     """The pids of a data module's workers, once they all started."""
-    pool = dm.stream.source.pool
+    pool = dm.stream.source.engine.pool
     deadline = time.monotonic() + 120
     while not pool.ready():
         assert time.monotonic() < deadline, "the workers did not start in 120 s"

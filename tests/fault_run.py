@@ -48,7 +48,7 @@ class KillWorker(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step != self.step:
             return
-        pool = trainer.datamodule.stream.source.pool
+        pool = trainer.datamodule.stream.source.engine.pool
         deadline = time.monotonic() + 120
         while not pool.ready():
             if time.monotonic() > deadline:

@@ -35,6 +35,11 @@ def assert_rows_match(batch: dict, table: pa.Table) -> None:
         assert values.tolist() == torch.tensor(expected or [], dtype=torch.float32).tolist()
 
 
+def rows_read(dm: LanceDataModule) -> list[float]:
+    """Rows read by each reader of the rank: this process first, then each worker."""
+    return [counters["rows_read"] for counters in dm.stream.source.engine.reader_counters()]
+
+
 def module(uri: str, budget: int = 8 * 2**20) -> LanceDataModule:
     gc.collect()  # earlier tests' modules, and so their workers, are gone
     return LanceDataModule(
@@ -52,7 +57,7 @@ def test_workers_serve_every_row_in_the_same_batches_every_run(heavy_uri, budget
         dm = module(heavy_uri, budget)
         dm.setup("fit")
         epochs = [list(dm.train_dataloader()) for _ in range(2)]
-        main_rows, *worker_rows = dm.stream.source.read_counters.values[:, 2].tolist()
+        main_rows, *worker_rows = rows_read(dm)
         started = worker_pids(dm)
         dm.teardown("fit")
         assert gone(started), "teardown stops them"
@@ -78,8 +83,7 @@ def test_an_epoch_stopped_early_leaves_the_next_one_whole(heavy_uri, budget):
     for index, _ in enumerate(dm.train_dataloader()):
         if index == 5:
             break  # the workers hold batches the main process never takes
-    worker_rows = dm.stream.source.read_counters.values[1:, 2]
-    before = worker_rows.sum()
+    before = sum(rows_read(dm)[1:])
     batches = list(dm.train_dataloader())
     ids = torch.cat([batch["id"] for batch in batches])
     assert sorted(ids.tolist()) == list(range(HEAVY_ROWS))
@@ -87,7 +91,7 @@ def test_an_epoch_stopped_early_leaves_the_next_one_whole(heavy_uri, budget):
         assert_rows_match(batch, table)
     # the workers served the next epoch, even those blocked sending a batch (1 MiB:
     # batches cross the pipe and fill it) of the one stopped early
-    assert worker_rows.sum() - before >= HEAVY_ROWS  # and the stopped one's last reads
+    assert sum(rows_read(dm)[1:]) - before >= HEAVY_ROWS  # and the stopped one's last reads
     dm.teardown("fit")
 
 
@@ -98,7 +102,7 @@ def test_workers_begin_the_next_epoch_before_it_is_asked_for(heavy_uri):
     first = list(dm.train_dataloader())
     # every batch of this epoch and the workers' end of it were taken: what waits now in
     # a worker's pipe is a batch of the next epoch
-    results = dm.stream.source.pool.results
+    results = dm.stream.source.engine.pool.results
     deadline = time.monotonic() + 60
     while not all(pipe.poll(0) for pipe in results) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -137,12 +141,11 @@ def test_without_workers_a_thread_reads_ahead_and_begins_the_next_epoch(heavy_ur
         heavy_uri, "heavy", num_splits=12, batch_size=24, num_workers=0, transform=transform
     )
     dm.setup("fit")
-    rows_read = dm.stream.source.read_counters.values[0, 2:3]
     first = list(dm.train_dataloader())
     deadline = time.monotonic() + 60
-    while rows_read[0] <= HEAVY_ROWS and time.monotonic() < deadline:
+    while rows_read(dm)[0] <= HEAVY_ROWS and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert rows_read[0] > HEAVY_ROWS, "the next epoch is read before it is asked for"
+    assert rows_read(dm)[0] > HEAVY_ROWS, "the next epoch is read before it is asked for"
     for index, _ in enumerate(dm.train_dataloader()):
         if index == 5:
             break

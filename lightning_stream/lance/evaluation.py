@@ -37,4 +37,4 @@ class EvaluationLoader:
     def __iter__(self) -> Iterator[Batch]:
         rows = self._rows
         sizes = BatchSizes.cut(len(rows), self.batch_size)
-        return map(self.source.batch_maker(), self.source.read_here(rows, sizes))
+        return self.source.read_here(rows, sizes)

@@ -44,11 +44,10 @@ TAKE_ROWS = 2**16
 
 
 class ReadCounters:
-    """Counters of every reading process of a rank, in the main process.
+    """Counters of one process's reads, one row per reader counted apart.
 
-    Row ``r`` belongs to reader ``r`` (0: the main process, ``k + 1``: worker ``k``). A
-    worker keeps its own one-row counters and sends them with every batch
-    (:mod:`lightning_stream.workers`), so the totals cover the workers too.
+    A worker keeps its own and sends them with every batch; the rank's
+    :class:`~lightning_stream.serving.ServingEngine` adds every reader's up.
     """
 
     FIELDS = ("resident_bytes", "bytes_loaded", "rows_read")

@@ -12,7 +12,8 @@ import lancedb
 import pyarrow as pa
 
 from lightning_stream.batching import Batch
-from lightning_stream.lance.columns import BatchMaker, ColumnTypes
+from lightning_stream.lance.arrays import ColumnTypes
+from lightning_stream.lance.columns import BatchMaker, to_batch
 from lightning_stream.lance.order import (
     ReaderRows,
     StorageRows,
@@ -24,11 +25,10 @@ from lightning_stream.lance.pace import LOCAL_PACE, REMOTE_PACE
 from lightning_stream.lance.reader import ReadCounters, RowOrder, TableOpener
 from lightning_stream.lance.selection import Selection, select_rows
 from lightning_stream.lance.task import ReadJob, ReadTask
-from lightning_stream.plan import BatchSizes, RankEpochPlan, ReaderOrder
+from lightning_stream.plan import RankEpochPlan, ReaderOrder
+from lightning_stream.serving import PoolSpec, ServingEngine
 from lightning_stream.state import DEFAULT
 from lightning_stream.storage import is_remote, storage_error
-from lightning_stream.workers.inline import InlineReader
-from lightning_stream.workers.pool import WorkerDied, WorkerPool
 from lightning_stream.workers.slots import SLOTS
 
 log = logging.getLogger(__name__)
@@ -83,11 +83,13 @@ class LanceSource:
     :class:`~lightning_stream.lance.reader.BudgetedReader` per reading process, which
     holds at most ``read_ahead_bytes`` (shared by the rank's workers) not yet handed out.
 
-    With workers, each one reads its block of splits (a
-    :class:`~lightning_stream.lance.task.ReadTask` in a
-    :class:`~lightning_stream.workers.pool.WorkerPool`); with several, the plan's head
-    (the lagging rows after an elastic resume) is read in this process first.
+    Who reads, and when, is the rank's :class:`~lightning_stream.serving.ServingEngine`;
+    this class is its format: a reader's job is a
+    :class:`~lightning_stream.lance.task.ReadJob` (its rows in serving order), run by a
+    :class:`~lightning_stream.lance.task.ReadTask`.
     """
+
+    cumulative = ("bytes_loaded", "rows_read")
 
     def __init__(
         self,
@@ -116,12 +118,11 @@ class LanceSource:
         self.filter = filter
         self.transform = transform
         self.read_ahead_bytes = read_ahead_bytes
-        self.read_counters = ReadCounters(1 + num_workers)
+        self.read_counters = ReadCounters(1)  # this process's reads
         self.storage_options = storage_options
         self.pace = REMOTE_PACE if is_remote(uri) else LOCAL_PACE
-        self.pool: WorkerPool | None = None
-        self.inline: InlineReader | None = None  # num_workers=0: the reader's thread
         self._open(version)
+        self.engine = ServingEngine(self)
 
     def _open(self, version: int | None) -> None:
         self.table, self.opener = open_table(self.uri, self.name, version, self.storage_options)
@@ -214,24 +215,16 @@ class LanceSource:
         """Selected rows ``[start, stop)``, in storage order."""
         return StorageRows(self.selection, start, stop)
 
-    def read_here(self, rows: RowOrder, sizes: Sequence[int]) -> Iterator[Any]:
-        """``rows`` read in this process, in order, as Arrow tables of ``sizes`` rows."""
-        task = ReadTask(self.opener, self.columns, self.read_ahead_bytes, self.pace)
-        reader = task.reader_of(self.table, self.read_counters, 0)
-        return task.run(reader, ReadJob(rows, sizes, self.opener))
+    def read_here(self, rows: RowOrder, sizes: Sequence[int]) -> Iterator[Batch]:
+        """``rows`` read in this process, in order, as batches of ``sizes`` rows."""
+        task, reader = self.reader_here()
+        return task.run(reader, ReadJob(rows, sizes, self.opener, self.batch_maker()))
 
     def batch_maker(self) -> BatchMaker:
         return BatchMaker(self.types, self.transform)
 
     def counters(self) -> dict[str, float]:
-        self._take_worker_counters()
-        return self.read_counters.totals()
-
-    def _take_worker_counters(self) -> None:
-        """The workers' counters as of their last batch, into their rows of the totals."""
-        for worker, counters in enumerate(self.pool.counters if self.pool is not None else ()):
-            if counters is not None:
-                self.read_counters.values[worker + 1] = counters
+        return self.engine.counters()
 
     def chunks(
         self,
@@ -240,86 +233,52 @@ class LanceSource:
         plan: RankEpochPlan,
         upcoming: tuple[int, RankEpochPlan] | None = None,
     ) -> Iterator[Batch]:
-        make = self.batch_maker()
-        if plan.num_workers == 0:
-            # the transform runs here, in batch order: its random draws and training_step's
-            # come from the same global generators
-            key, job = self._inline_job(epoch, plan)
-            after = upcoming and self._inline_job(*upcoming)
-            yield from self._inline().serve(key, job, make.transformed, after)
-            return
-        pool = self.start_workers(plan.num_workers)
-        if plan.num_workers > 1:
-            head = ReaderRows(self.epoch_order(epoch), ReaderOrder(plan, range(0), head=True))
-            for table in self.read_here(head, BatchSizes.cut(len(head), plan.batch_size)):
-                pool.ready()  # a worker that failed to start says so now
-                yield make(table)
-        try:
-            after = upcoming and self._worker_jobs(*upcoming)
-            jobs = self._worker_jobs(epoch, plan)
-            yield from pool.serve(*jobs, lambda sent: _made(sent, make), after)
-        except WorkerDied as exc:
-            self.stop_workers()
-            raise RuntimeError(
-                f"a reading worker of rank {plan.rank} died while reading table"
-                f" {self.name!r} ({exc}). Nothing after the last checkpoint is lost: resume"
-                " with trainer.fit(..., ckpt_path=<last checkpoint>)"
-            ) from exc
-        finally:
-            self._take_worker_counters()
+        return self.engine.serve(epoch, plan, upcoming)
 
-    def _worker_jobs(self, epoch: int, plan: RankEpochPlan) -> tuple[tuple, list[ReadJob]]:
-        """The key of ``epoch`` under ``plan`` and each worker's job."""
-        # without a transform the main process makes every batch from the Arrow rows
-        make = self.batch_maker() if self.transform is not None else None
-        order = self.epoch_order(epoch)
-        jobs = []
-        for worker in range(plan.num_workers):
-            rows = ReaderRows(order, ReaderOrder.of_worker(plan, worker))
-            jobs.append(
-                ReadJob(rows, BatchSizes.cut(len(rows), plan.batch_size), self.opener, make)
-            )
-        return (self.version, epoch, plan), jobs
+    # -- the serving engine's format (lightning_stream.serving.SourceFormat) ----------
+    @property
+    def activity(self) -> str:
+        return f"reading table {self.name!r}"
 
-    def _inline_job(self, epoch: int, plan: RankEpochPlan) -> tuple[tuple, ReadJob]:
-        """The key and job of ``epoch`` under ``plan`` at 0 workers: its batches made on
-        the reading thread without the transform."""
-        rows = ReaderRows(self.epoch_order(epoch), ReaderOrder.of_worker(plan, 0))
-        job = ReadJob(rows, plan.sizes, self.opener, BatchMaker(self.types, None))
-        return (self.version, epoch, plan), job
+    def reader_here(self) -> tuple[ReadTask, Any]:
+        task = ReadTask(self.opener, self.columns, self.read_ahead_bytes, self.pace)
+        return task, task.reader_of(self.table, self.read_counters, 0)
 
-    def _inline(self) -> InlineReader:
-        """``num_workers=0``: a thread of this process that reads and makes the batches
-        ``depth`` ahead of training_step (lance, numpy and the copies release the GIL) and
-        begins the epoch that probably follows once this one is read."""
-        if self.inline is None:
-            task = ReadTask(self.opener, self.columns, self.read_ahead_bytes, self.pace)
-            state = task.reader_of(self.table, self.read_counters, 0)
-            self.inline = InlineReader(task, state)
-        return self.inline
+    def pool(self, workers: int, batch_size: int) -> PoolSpec:
+        """Each worker's share of ``read_ahead_bytes`` goes three quarters to its reader
+        and a quarter to its shared-memory slots (resident only once a batch was written
+        there)."""
+        share = self.read_ahead_bytes // workers
+        slot_bytes = share // (4 * SLOTS)
+        budget = share - SLOTS * slot_bytes
+        task = ReadTask(self.opener, self.columns, budget, self.pace.for_workers())
+        return PoolSpec(task, slot_bytes, "lance-reader")
 
-    def start_workers(self, workers: int) -> WorkerPool:
-        """The rank's reading processes, started once and kept for every epoch.
+    def job(self, epoch: int, order: ReaderOrder, pooled: bool) -> ReadJob:
+        rows = ReaderRows(self.epoch_order(epoch), order)
+        return ReadJob(rows, order.sizes, self.opener, self._maker(pooled))
 
-        Each worker's share of ``read_ahead_bytes`` goes three quarters to its reader and a
-        quarter to its shared-memory slots (resident only once a batch was written there).
-        """
-        if self.pool is None or self.pool.workers != workers:
-            self.stop_workers()
-            share = self.read_ahead_bytes // workers
-            slot_bytes = share // (4 * SLOTS)
-            budget = share - SLOTS * slot_bytes
-            task = ReadTask(self.opener, self.columns, budget, self.pace.for_workers())
-            self.pool = WorkerPool(task, workers, slot_bytes, name="lance-reader")
-        return self.pool
+    def _maker(self, pooled: bool) -> Callable[[pa.Table], Any]:
+        """What a reader makes of its rows. A worker makes the batch and runs the
+        transform, or without one makes the batch's arrays (its process imports no
+        torch); the thread here makes the batch and leaves the transform to the main
+        thread, so that its random draws and training_step's come from the same global
+        generators, in batch order."""
+        if not pooled:
+            return BatchMaker(self.types, None)
+        return self.batch_maker() if self.transform is not None else self.types.to_wire
+
+    def finish(self, payload: Any, pooled: bool) -> Batch:
+        if not pooled:
+            return self.batch_maker().transformed(payload)
+        return payload if self.transform is not None else to_batch(self.types, payload)
+
+    def start_workers(self, workers: int) -> None:
+        """Start the rank's reading processes now; they are kept for every epoch."""
+        self.engine.start_pool(workers, 0)
 
     def stop_workers(self) -> None:
-        if self.inline is not None:
-            inline, self.inline = self.inline, None
-            inline.close()
-        if self.pool is not None:
-            pool, self.pool = self.pool, None
-            pool.close()
+        self.engine.close()
 
 
 def _names_the_query(exc: Exception) -> bool:
@@ -327,9 +286,3 @@ def _names_the_query(exc: Exception) -> bool:
     rather than failing to read the store."""
     text = str(exc).lower()
     return any(word in text for word in ("schema", "column", "sql", "parse", "field", "type"))
-
-
-def _made(sent: Any, make: BatchMaker) -> Batch:
-    """A worker's payload as a batch: its Arrow rows converted here, or the batch its
-    ``transform`` made."""
-    return make(sent) if isinstance(sent, pa.Table) else sent

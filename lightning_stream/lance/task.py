@@ -1,11 +1,10 @@
 """What a reader of a rank's table rows runs: in a worker process, or in the main process.
 
-A :class:`ReadTask` is the :class:`~lightning_stream.workers.pool.WorkerPool` task of
-:class:`~lightning_stream.lance.source.LanceSource`: each worker opens the table once and
-then reads, per epoch, the rows of its block of splits, in the plan's order, with a
-:class:`~lightning_stream.lance.reader.BudgetedReader`. Its payloads are the batches'
-Arrow rows, which the main process turns into tensors (the same conversion as without
-workers); with a ``transform`` the worker makes the batch and runs it.
+A :class:`ReadTask` is the :class:`~lightning_stream.workers.jobs.Task` of
+:class:`~lightning_stream.lance.source.LanceSource`: a reader (a worker process, or the
+rank's reading thread) opens the table once and then reads, per epoch, the rows of its
+share of the plan in order, with a :class:`~lightning_stream.lance.reader.BudgetedReader`,
+and makes each batch's payload from them (the job's ``make``).
 
 This module, :mod:`~lightning_stream.lance.reader` and :mod:`~lightning_stream.lance.pace`
 are what a worker imports (with lancedb, pyarrow and numpy; torch only to run a
@@ -38,14 +37,14 @@ class ReadJob:
     ``rows``: their storage offsets, computed a window at a time
     (:class:`~lightning_stream.lance.order.ReaderRows`: a few numbers, whatever the
     table's size, are sent to a worker). ``opener`` names the table version (a resume
-    pins the one its checkpoint read); ``make``, when set, turns the rows into the batch
-    in the reader (a ``transform``).
+    pins the one its checkpoint read); ``make`` turns a batch's rows into its payload in
+    the reader.
     """
 
     rows: RowOrder
     sizes: Sequence[int]
     opener: TableOpener
-    make: Callable[[pa.Table], Any] | None = None
+    make: Callable[[pa.Table], Any]
 
 
 @dataclass
@@ -87,9 +86,9 @@ class ReadTask:
         tables = reader.batches(job.sizes)
         try:
             for table in tables:
-                yield table if job.make is None else job.make(table)
+                yield job.make(table)
         finally:
             tables.close()
 
-    def counters(self, state: _Reader) -> list[int]:
-        return state.counters.values[state.row].tolist()
+    def counters(self, state: _Reader) -> dict[str, float]:
+        return state.counters.totals()

@@ -1,14 +1,9 @@
 """VideoSource: a LeRobot v3 dataset as a rank's stream source, windows of its episodes.
 
-The main process plans, checks the data's identity and turns batches into tensors; the
-windows are made by an :class:`~lightning_stream.video.reader.EpisodeReader`: this
-process's, on a thread of its own (``num_workers=0``,
-:class:`~lightning_stream.workers.inline.InlineReader`; the plan's head after an elastic
-resume, when there are several workers, in the main thread), or each worker's, in a
-:class:`~lightning_stream.workers.pool.WorkerPool`
-(:class:`~lightning_stream.video.task.DecodeTask`). When an epoch starts, the readers are
-also given the epoch that probably comes next: they begin it as soon as they finish this
-one, so its first batches are ready before it is asked for.
+The main process plans and checks the data's identity; the windows are made by an
+:class:`~lightning_stream.video.reader.EpisodeReader` per reader, run by the rank's
+:class:`~lightning_stream.serving.ServingEngine`: this process's, on a thread of its own,
+or each worker's (:class:`~lightning_stream.video.task.DecodeTask`).
 """
 
 from __future__ import annotations
@@ -17,7 +12,7 @@ import dataclasses
 import hashlib
 import logging
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,19 +20,17 @@ import numpy as np
 import torch
 
 from lightning_stream.batching import Batch
-from lightning_stream.plan import RankEpochPlan
+from lightning_stream.plan import RankEpochPlan, ReaderOrder
+from lightning_stream.serving import PoolSpec, ServingEngine
 from lightning_stream.skipped import SKIP_REASON
 from lightning_stream.video.decode import DamagedVideoWarning
 from lightning_stream.video.lerobot import file_sizes
 from lightning_stream.video.reader import EpisodeReader
 from lightning_stream.video.sidecar import VideoFile, build_missing
 from lightning_stream.video.spec import VideoSpec
-from lightning_stream.video.task import DecodeJob, DecodeTask, batches, reader_positions
+from lightning_stream.video.task import DecodeJob, DecodeTask
 from lightning_stream.video.windows import transformed
-from lightning_stream.workers.inline import InlineReader
-from lightning_stream.workers.pool import WorkerDied, WorkerPool
 
-_STOPPED = ("bytes_loaded", "frames_decoded")
 log = logging.getLogger(__name__)
 
 
@@ -50,7 +43,10 @@ def to_tensors(batch: dict[str, Any]) -> Batch:
 
 
 class VideoSource:
-    """Episodes of a LeRobot v3 dataset, as ``num_splits`` equal splits of anchors."""
+    """Episodes of a LeRobot v3 dataset, as ``num_splits`` equal splits of anchors; the
+    format of its :class:`~lightning_stream.serving.ServingEngine`."""
+
+    cumulative = ("bytes_loaded", "frames_decoded")
 
     def __init__(self, spec: VideoSpec, rank: int = 0) -> None:
         self.reader = EpisodeReader(spec)
@@ -82,23 +78,16 @@ class VideoSource:
         total = int(self.reader.anchor_lengths.sum())
         self.split_len = total // spec.num_splits
         self.dropped = total % spec.num_splits
-        self.pool: WorkerPool | None = None
-        self.inline: InlineReader | None = None  # num_workers=0: the reader's thread
-        self._pool_batch_size = 0
-        self.stopped_counts = dict.fromkeys(_STOPPED, 0.0)  # of the workers of past pools
+        # the reading thread leaves image_transforms to the main thread: their random
+        # draws and training_step's come from the same global generators, in batch order
+        self.reader.applies_transforms = False
+        self.engine = ServingEngine(self)
 
-    def start_workers(self, workers: int, batch_size: int) -> WorkerPool:
-        """The rank's ``workers`` decoding processes, started at once (``setup`` does not
-        wait for them) and kept for every epoch; new ones if the batch size changed (a
-        batch-size finder), since their shared memory slots are sized for one batch."""
-        if self.pool is None or (self.pool.workers, self._pool_batch_size) != (workers, batch_size):
-            self.stop_workers()
-            slot_bytes = int(1.1 * batch_size * self._sample_bytes()) + 2**16
-            self.pool = WorkerPool(
-                DecodeTask(self.spec), workers, slot_bytes, "video-decoder", self.spec.shuffle_seed
-            )
-            self._pool_batch_size = batch_size
-        return self.pool
+    def start_workers(self, workers: int, batch_size: int) -> None:
+        """Start the rank's ``workers`` decoding processes now (``setup`` does not wait for
+        them); they are kept for every epoch, and replaced if the batch size changes (a
+        batch-size finder), since their shared-memory slots are sized for one batch."""
+        self.engine.start_pool(workers, batch_size)
 
     def _sample_bytes(self) -> int:
         """Bytes of one sample's arrays (frames of the spec's dtype, Parquet features), from
@@ -119,16 +108,7 @@ class VideoSource:
         return total
 
     def stop_workers(self) -> None:
-        if self.inline is not None:
-            inline, self.inline = self.inline, None
-            inline.close()
-        if self.pool is None:
-            return
-        for counters in self.pool.counters:
-            for name in _STOPPED:
-                self.stopped_counts[name] += (counters or {}).get(name, 0.0)
-        pool, self.pool = self.pool, None
-        pool.close()
+        self.engine.close()
 
     def _manifest(self, sizes: dict[str, int]) -> str:
         """A digest of ``meta/info.json``, of the selected episodes' metadata (what the
@@ -179,73 +159,36 @@ class VideoSource:
         plan: RankEpochPlan,
         upcoming: tuple[int, RankEpochPlan] | None = None,
     ) -> Iterator[Batch]:
-        """This rank's windows of ``epoch`` in plan order; ``upcoming``: the epoch (and
-        its plan) that probably follows, which the workers begin when this one ends."""
-        workers = plan.num_workers
-        after = None
-        if upcoming is not None:
-            after = (upcoming, self._jobs(*upcoming))
-        if workers == 0:
-            if self.inline is None:
-                # the main thread applies image_transforms, in batch order: their random
-                # draws and training_step's come from the same global generators
-                self.reader.applies_transforms = False
-                self.inline = InlineReader(DecodeTask(self.spec), self.reader)
-            job = self._jobs(epoch, plan)[0]
-            queued = after and (after[0], after[1][0])
-            served = self.inline.serve((epoch, plan), job, self._transformed, queued)
-            yield from self._tensors(served, converted=True)
-            return
-        pool = self.start_workers(workers, plan.batch_size)
-        if workers > 1 and plan.head:
-            # the lagging splits of an elastic resume, before the workers' level cycles
-            positions = reader_positions(plan, range(0), head=True)
-            for batch in self._tensors(batches(self.reader, epoch, positions, plan.batch_size)):
-                pool.ready()  # a worker that failed to start says so now
-                yield batch
-            self.reader.clear()  # the workers finish the head's chunks
-        served = pool.serve((epoch, plan), self._jobs(epoch, plan), to_tensors, after)
-        try:
-            yield from self._tensors(served, converted=True)
-        except WorkerDied as exc:
-            self.stop_workers()
-            raise RuntimeError(
-                f"a decoding worker of rank {plan.rank} died while decoding {self.spec.root!r}"
-                f" ({exc}). Nothing after the last checkpoint is lost: resume with"
-                " trainer.fit(..., ckpt_path=<last checkpoint>)"
-            ) from exc
-
-    def _transformed(self, batch: dict[str, Any]) -> Batch:
-        """A batch of the reading thread, its cameras through ``image_transforms``."""
-        transform = self.spec.image_transforms
-        if transform is not None:
-            for camera in self.reader.dataset.cameras:
-                batch[camera] = transformed(batch[camera], transform)
-        return to_tensors(batch)
-
-    def _jobs(self, epoch: int, plan: RankEpochPlan) -> list[DecodeJob]:
-        """Each reader's job; with several workers the main process serves the head."""
-        readers = max(1, plan.num_workers)
-        return [DecodeJob(epoch, plan, w, readers, readers == 1) for w in range(readers)]
-
-    def _tensors(self, batches: Iterable[Any], converted: bool = False) -> Iterator[Batch]:
-        """Batches as tensors, their skipped windows warned about and counted (here, in
-        the main process, whichever process decoded them, so the logger sees the count)."""
-        for batch in batches:
-            for reason in batch.get(SKIP_REASON, ()):
-                if reason:
-                    self.skipped_windows += 1
-                    warnings.warn(reason, DamagedVideoWarning, stacklevel=2)
-            yield batch if converted else to_tensors(batch)
+        return self.engine.serve(epoch, plan, upcoming)
 
     def counters(self) -> dict[str, float]:
-        """The main process's reader's counters plus each worker's, as of its last batch."""
-        # never the reader's own while its thread may be changing it
-        inline = self.inline
-        totals = dict(inline.counters[0]) if inline is not None else self.reader.counters()
-        for name, value in self.stopped_counts.items():
-            totals[name] += value
-        for counters in self.pool.counters if self.pool is not None else ():
-            for name, value in (counters or {}).items():
-                totals[name] += value
-        return {**totals, "skipped_windows": self.skipped_windows}
+        return {**self.engine.counters(), "skipped_windows": self.skipped_windows}
+
+    # -- the serving engine's format (lightning_stream.serving.SourceFormat) ----------
+    @property
+    def activity(self) -> str:
+        return f"decoding {self.spec.root!r}"
+
+    def reader_here(self) -> tuple[DecodeTask, EpisodeReader]:
+        return DecodeTask(self.spec), self.reader
+
+    def pool(self, workers: int, batch_size: int) -> PoolSpec:
+        slot_bytes = int(1.1 * batch_size * self._sample_bytes()) + 2**16
+        return PoolSpec(DecodeTask(self.spec), slot_bytes, "video-decoder", self.spec.shuffle_seed)
+
+    def job(self, epoch: int, order: ReaderOrder, pooled: bool) -> DecodeJob:
+        return DecodeJob(epoch, order)
+
+    def finish(self, payload: dict[str, Any], pooled: bool) -> Batch:
+        """A reader's numpy batch as tensors; the reading thread's cameras through
+        ``image_transforms`` here. Its skipped windows are warned about and counted here,
+        whichever process decoded them, so the logger sees the count."""
+        transform = self.spec.image_transforms
+        if not pooled and transform is not None:
+            for camera in self.reader.dataset.cameras:
+                payload[camera] = transformed(payload[camera], transform)
+        for reason in payload.get(SKIP_REASON, ()):
+            if reason:
+                self.skipped_windows += 1
+                warnings.warn(reason, DamagedVideoWarning, stacklevel=2)
+        return to_tensors(payload)

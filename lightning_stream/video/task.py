@@ -1,10 +1,11 @@
 """What a reader of a rank's video windows runs: in a worker process, or in the main process.
 
-A :class:`DecodeTask` is the :class:`~lightning_stream.workers.pool.WorkerPool` task of
+A :class:`DecodeTask` is the :class:`~lightning_stream.workers.jobs.Task` of
 :class:`~lightning_stream.video.source.VideoSource`: each worker builds its
 :class:`~lightning_stream.video.reader.EpisodeReader` once (the Parquet columns, the MP4
-indexes and open files) and then serves, per epoch, the windows of its block of splits,
-as numpy batches (:mod:`lightning_stream.video.windows`).
+indexes and open files; the rank's reading thread is given the main process's) and then
+serves, per epoch, the windows of its share of the plan, as numpy batches
+(:mod:`lightning_stream.video.windows`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from lightning_stream.plan import RankEpochPlan, ReaderOrder
+from lightning_stream.plan import ReaderOrder
 from lightning_stream.video.reader import EpisodeReader
 from lightning_stream.video.spec import VideoSpec
 from lightning_stream.video.windows import Batch, assemble
@@ -23,43 +24,35 @@ POSITIONS_WINDOW = 4096  # anchors whose positions are computed at once
 
 @dataclass(frozen=True)
 class DecodeJob:
-    """One reader's windows of one epoch: worker ``worker`` of ``workers`` of ``plan``,
-    with the plan's head first if ``head``."""
+    """One reader's windows of ``epoch``: the anchors of ``order``, cut into
+    ``order.sizes``."""
 
     epoch: int
-    plan: RankEpochPlan
-    worker: int
-    workers: int
-    head: bool
+    order: ReaderOrder
 
 
-def reader_positions(plan: RankEpochPlan, splits: range, head: bool) -> Iterator[tuple[int, int]]:
-    """(split, position) of every anchor one reader serves, in the plan's order
-    (:class:`~lightning_stream.plan.ReaderOrder`), computed a window at a time."""
-    order = ReaderOrder(plan, splits, head)
+def reader_positions(order: ReaderOrder) -> Iterator[tuple[int, int]]:
+    """(split, position) of every anchor of ``order``, computed a window at a time."""
     for start in range(0, len(order), POSITIONS_WINDOW):
         split, position = order.positions(start, min(start + POSITIONS_WINDOW, len(order)))
         yield from zip(split.tolist(), position.tolist(), strict=True)
 
 
-def job_positions(job: DecodeJob) -> Iterator[tuple[int, int]]:
-    """The anchors of ``job``: its worker's contiguous block of the rank's splits."""
-    splits = job.plan.splits
-    if job.workers > 1:
-        per_worker = len(splits) // job.workers
-        splits = splits[job.worker * per_worker : (job.worker + 1) * per_worker]
-    return reader_positions(job.plan, splits, job.head)
-
-
-def batches(reader: EpisodeReader, epoch: int, positions: Iterator[tuple[int, int]], size: int):
-    """The anchors at ``positions`` as batches of ``size``, each made when asked for."""
+def batches(reader: EpisodeReader, job: DecodeJob) -> Iterator[Batch]:
+    """The anchors of ``job`` as batches, each made when asked for; the chunks left
+    resident when it stops are dropped (after the head of an elastic resume, the workers
+    finish its chunks)."""
     reader.clear()  # a pass stopped early leaves its chunks
+    positions = reader_positions(job.order)
     # a round of the splits: their first chunks are read at once, not one by one
     first_round = list(itertools.islice(positions, reader.spec.num_splits))
-    reader.begin_pass(epoch, first_round)
+    reader.begin_pass(job.epoch, first_round)
     positions = itertools.chain(first_round, positions)
-    while chunk := list(itertools.islice(positions, size)):
-        yield assemble(reader, epoch, chunk)
+    try:
+        for size in job.order.sizes:
+            yield assemble(reader, job.epoch, list(itertools.islice(positions, size)))
+    finally:
+        reader.clear()
 
 
 @dataclass(frozen=True)
@@ -72,7 +65,7 @@ class DecodeTask:
         return EpisodeReader(self.spec)
 
     def run(self, reader: EpisodeReader, job: DecodeJob) -> Iterator[Batch]:
-        return batches(reader, job.epoch, job_positions(job), job.plan.batch_size)
+        return batches(reader, job)
 
     def counters(self, reader: EpisodeReader) -> dict[str, float]:
         return reader.counters()

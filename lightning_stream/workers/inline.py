@@ -22,9 +22,12 @@ import atexit
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import Any, TypeVar
 
+from lightning_stream.workers.jobs import Lookahead, Task
+
+T = TypeVar("T")
 END_WAIT_S = 0.05  # the end of a job follows its last payload at once
 
 _RUNNING: weakref.WeakSet[InlineReader] = weakref.WeakSet()
@@ -101,21 +104,19 @@ class InlineReader:
     """``task`` run on a thread over ``state`` (the caller made it: no ``open``).
 
     Args:
-        task: an object with ``run(state, job) -> Iterator[payload]`` and
-            ``counters(state)``, as a :class:`~lightning_stream.workers.pool.WorkerPool`
-            task.
+        task: what the thread runs (its ``open`` is not called).
         state: what ``run`` reads and updates; only the thread touches it while a job runs.
         depth: payloads made ahead of the consumer (memory: ``depth`` batches).
     """
 
     workers = 1
 
-    def __init__(self, task: Any, state: Any, depth: int = 4) -> None:
+    def __init__(self, task: Task, state: Any, depth: int = 4) -> None:
         self._line = line = _Line(task, state, depth)
         line.counters = task.counters(state)  # before the thread may change the state
         self._next_id = 0
         self._current: int | None = None
-        self._queued: tuple[Any, int] | None = None
+        self._lookahead = Lookahead()
         self._thread = threading.Thread(target=_loop, args=(line,), name="inline-reader")
         self._thread.daemon = True
         self._thread.start()
@@ -127,28 +128,27 @@ class InlineReader:
         atexit.register(_stop_running)
 
     @property
-    def counters(self) -> list[Any]:
+    def counters(self) -> list[dict[str, float]]:
         """The task's counters as of the last payload made (or of the start)."""
         return [self._line.counters]
 
     def serve(
         self,
-        key: Any,
-        job: Any,
-        finish: Callable[[Any], Any],
-        after: tuple[Any, Any] | None = None,
-    ) -> Iterator[Any]:
-        """The payloads of ``job``, ``finish``-ed; ``key`` and ``after`` as in
-        :meth:`WorkerPool.serve <lightning_stream.workers.pool.WorkerPool.serve>`."""
+        key: Hashable,
+        jobs: Sequence[Any],
+        finish: Callable[[Any], T],
+        after: tuple[Hashable, Sequence[Any]] | None = None,
+    ) -> Iterator[T]:
+        """The payloads of ``jobs[0]``, ``finish``-ed on the calling thread; as
+        :meth:`WorkerPool.serve <lightning_stream.workers.pool.WorkerPool.serve>` with
+        one worker."""
         line = self._line
         with line.condition:
-            if self._queued is not None and self._queued[0] == key and self._current_finished():
-                job_id = self._queued[1]
-            else:
-                job_id = self._replace(job)
-            self._queued = None
+            job_id = self._lookahead.take(key, self._current_finished)
+            if job_id is None:
+                job_id = self._replace(jobs[0])
             if after is not None:
-                self._queued = (after[0], self._add(after[1]))
+                self._lookahead.put(after[0], self._add(after[1][0]))
             self._current = job_id
         while True:
             with line.condition:

@@ -9,9 +9,8 @@ forks the workers; every one of them exits the moment the trainer is gone; batch
 in shared memory slots (:mod:`~lightning_stream.workers.slots`) with only a few bytes on
 the pipe, and at most ``SLOTS`` batches per worker wait in them, which bounds memory.
 
-A *task* is a picklable object with ``open(worker) -> state`` (run once, in each worker,
-before its first job), ``run(state, job) -> Iterator[payload]`` and ``counters(state)``.
-A *job* is one worker's share of one epoch. :meth:`WorkerPool.serve` hands out the
+A *task* (:class:`~lightning_stream.workers.jobs.Task`) is what each worker runs, a *job*
+one worker's share of one epoch. :meth:`WorkerPool.serve` hands out the
 workers' payloads in turn (worker 0's first, worker 1's first, ..., worker 0's second),
 as a ``DataLoader`` does, so which batch comes when does not depend on the workers'
 timing. A job can be queued behind the current one (the next epoch's), so that a worker
@@ -29,14 +28,16 @@ import sys
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from multiprocessing.connection import Connection, Pipe, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from lightning_stream.workers.checks import main_script_path, pickled_modules
+from lightning_stream.workers.jobs import Lookahead, Task
 from lightning_stream.workers.slots import Arena, fetch, from_pipe, post, unpack
 
+T = TypeVar("T")
 CLOSE_TIMEOUT_S = 5.0
 _ROOT = str(Path(__file__).resolve().parents[2])
 _BOOT = (
@@ -66,7 +67,7 @@ class WorkerPool:
             global generators with ``seed + k``.
     """
 
-    def __init__(self, task: Any, workers: int, slot_bytes: int, name: str, seed: int = 0):
+    def __init__(self, task: Task, workers: int, slot_bytes: int, name: str, seed: int = 0):
         data = pickle.dumps(task)
         modules = pickled_modules(data)
         self.workers = workers
@@ -116,16 +117,14 @@ class WorkerPool:
         self._next_id = 0
         self._current: int | None = None
         self._ended = [True] * workers  # which workers sent the current job's end
-        self._queued: tuple[Any, int] | None = None
+        self._lookahead = Lookahead()
         try:
             self.supervisor.stdin.write(pickle.dumps(config))
             self.supervisor.stdin.close()
         except OSError:
             pass  # it died at once; the first wait for a worker says why
-        self._finalizer = weakref.finalize(
-            self, _close, self._lifeline, self.supervisor, self.jobs, self.results,
-            self.status, self.arena, self.pids,
-        )  # fmt: skip
+        closed = (self.supervisor, self.jobs, self.results, self.status, self.arena, self.pids)
+        self._finalizer = weakref.finalize(self, _close, self._lifeline, *closed)
 
     # -- starting -------------------------------------------------------------------
     def ready(self) -> bool:
@@ -191,11 +190,11 @@ class WorkerPool:
     # -- serving --------------------------------------------------------------------
     def serve(
         self,
-        key: Any,
+        key: Hashable,
         jobs: Sequence[Any],
-        finish: Callable[[Any], Any],
-        after: tuple[Any, Sequence[Any]] | None = None,
-    ) -> Iterator[Any]:
+        finish: Callable[[Any], T],
+        after: tuple[Hashable, Sequence[Any]] | None = None,
+    ) -> Iterator[T]:
         """Each worker's share ``jobs[k]`` of one job, ``finish``-ed in the main process
         (while the payload's slot is held: ``finish`` must copy what it keeps), in turn.
 
@@ -204,13 +203,11 @@ class WorkerPool:
         comes next, which the workers start as soon as they finish this one.
         """
         self.ready()  # raises a start error a worker already reported
-        if self._queued is not None and self._queued[0] == key and self._current_finished():
-            job_id = self._queued[1]
-        else:
+        job_id = self._lookahead.take(key, self._current_finished)
+        if job_id is None:
             job_id = self._send("run", jobs)
-        self._queued = None
         if after is not None:
-            self.queue(*after)
+            self._lookahead.put(after[0], self._send("queue", after[1]))
         self._current, self._ended = job_id, [False] * self.workers
         ended = self._ended
         while not all(ended):
@@ -234,11 +231,6 @@ class WorkerPool:
                     self._tell(worker, ("free", slot))
                 del message
                 yield result
-
-    def queue(self, key: Any, jobs: Sequence[Any]) -> None:
-        """Queue ``jobs`` (named ``key``) behind the job being served, as :meth:`serve`'s
-        ``after`` does; from the thread that serves, between two of its payloads."""
-        self._queued = (key, self._send("queue", jobs))
 
     def _current_finished(self) -> bool:
         """Whether every batch of the current job was served: only its end messages are
