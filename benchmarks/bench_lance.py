@@ -29,21 +29,22 @@ batch (from the loader's creation), peak RSS of the process tree (the process an
 DataLoader workers, sampled every 20 ms), and for the shuffle the mean number of distinct
 1,000-row storage blocks in a batch (higher is better mixed).
 
-``--json PATH`` also writes the reported figures (and every round's, or every
-configuration's, results they come from) to ``PATH``; ``benchmarks/plots.py`` draws the
-documentation's plots from them.
+``--json PATH`` also keeps the reported figures (and every round's, or every
+configuration's, results they come from) in the results file ``PATH``, as the run named
+by its options (``benchmarks/record.py``): ``benchmarks/results/bench_lance.json``, or
+with ``--s3`` ``benchmarks/results/bench_lance_s3.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
 
 from fresh import hand_back, run_fresh
 from measure import PeakRss, rates
+from record import save
 
 NUM_SPLITS = 32
 ROWS_PER_BLOCK = 1000
@@ -165,9 +166,11 @@ def main() -> None:
         "--latency-ms", type=float, default=20.0, help="--s3: wait of each request (0: none)"
     )
     parser.add_argument(
-        "--before", type=Path, metavar="CHECKOUT",
+        "--before",
+        type=Path,
+        metavar="CHECKOUT",
         help="--s3: also read S3 with the code of this checkout, interleaved (see lance_s3.py)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--bandwidth-mb-s", type=float, help="--s3: cap on each response's MB/s (default none)"
     )
@@ -178,11 +181,13 @@ def main() -> None:
         "--step-ms", type=float, default=0.0, help="--s3: wait after each batch (a training step)"
     )
     parser.add_argument(
-        "--store-cores", type=int, default=0,
+        "--store-cores",
+        type=int,
+        default=0,
         help="--s3: cores the S3 server runs on alone, readers on the rest (default 0: shared)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--json", type=Path, metavar="PATH", help="also write the reported figures to PATH"
+        "--json", type=Path, metavar="PATH", help="also keep the reported figures there"
     )
     parser.add_argument(
         "--trainer", action="store_true", help="--s3: every epoch inside Trainer.fit"
@@ -207,11 +212,23 @@ def main() -> None:
 
         kind, rows = ("heavy", args.heavy_rows or 25_000) if args.heavy else ("light", args.rows)
         settings = args.settings.split(",") if args.settings else None
-        figures = {"run": "s3", **lance_s3.main(kind, rows, args.batch_size, args.rounds,
-                                                args.latency_ms, args.bandwidth_mb_s,
-                                                args.before, settings, args.step_ms,
-                                                args.store_cores, args.trainer,
-                                                args.moto_ranges)}  # fmt: skip
+        figures = {
+            "run": "s3",
+            **lance_s3.main(
+                kind,
+                rows,
+                args.batch_size,
+                args.rounds,
+                args.latency_ms,
+                args.bandwidth_mb_s,
+                args.before,
+                settings,
+                args.step_ms,
+                args.store_cores,
+                args.trainer,
+                args.moto_ranges,
+            ),
+        }
     elif args.heavy:
         import lance_heavy
 
@@ -221,8 +238,12 @@ def main() -> None:
     else:
         figures = {"run": "light", **light(args.rows, args.batch_size, args.rounds)}
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(figures, indent=1) + "\n")
+        if args.s3:
+            import lance_s3
+
+            save(args.json, lance_s3.run_name(figures), figures)
+        else:
+            save(args.json, f"{figures['run']} table", figures)
 
 
 def light(rows: int, batch_size: int, rounds: int) -> dict:
@@ -246,8 +267,14 @@ def light(rows: int, batch_size: int, rounds: int) -> dict:
                     kept[key] = better(kept[key], value)
     figures = {"ratios": ratios(best)}
     report(best, figures["ratios"])
-    return {"rows": rows, "batch_size": batch_size, "rounds": rounds, "runs": runs, "best": best,
-            **figures}  # fmt: skip
+    return {
+        "rows": rows,
+        "batch_size": batch_size,
+        "rounds": rounds,
+        "runs": runs,
+        "best": best,
+        **figures,
+    }
 
 
 def ratios(best: dict[str, dict]) -> dict:

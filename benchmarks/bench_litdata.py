@@ -1,7 +1,7 @@
 """LanceDataModule against LitData's StreamingDataset on the same rows, on local disk.
 
     python benchmarks/bench_litdata.py [--rounds 3] [--tables light,heavy] [--step-ms 0]
-        [--json PATH]
+        [--json benchmarks/results/bench_litdata.json]
 
 LitData is not a dependency of the package, and its requirements pull a torch other than
 the CPU build this project pins (through torchvision, which its streaming path does not
@@ -37,7 +37,6 @@ consecutive rows as the batches deliver them (``id // 1024``; both stores hold t
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -47,6 +46,7 @@ from pathlib import Path
 from fresh import hand_back, run_fresh
 from lance_s3 import blocks_per_rows
 from measure import rates, shown, spread
+from record import save
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_SPLITS = 32
@@ -119,9 +119,13 @@ def epoch(
         name = "heavy" if Path(lance_uri).name == "heavy" else "bench"
         order = {"shuffle_clump_size": 1} if reader == "ours-rows" else {}
         dm = LanceDataModule(
-            lance_uri, name, num_splits=NUM_SPLITS, batch_size=batch_size, num_workers=workers,
+            lance_uri,
+            name,
+            num_splits=NUM_SPLITS,
+            batch_size=batch_size,
+            num_workers=workers,
             **order,
-        )  # fmt: skip
+        )
         dm.setup("fit")
         loader = dm.train_dataloader()
     else:
@@ -175,9 +179,13 @@ def write_tables(tmp: Path, tables: dict[str, int]) -> dict:
         out = tmp / f"litdata-{kind}"
         specs = [(kind, s, min(CHUNK_ROWS, rows - s), rows) for s in range(0, rows, CHUNK_ROWS)]
         litdata.optimize(
-            fn=items, inputs=specs, output_dir=str(out), chunk_bytes="64MB", num_workers=1,
+            fn=items,
+            inputs=specs,
+            output_dir=str(out),
+            chunk_bytes="64MB",
+            num_workers=1,
             mode="overwrite",
-        )  # fmt: skip
+        )
         paths[kind] = (str(tmp / kind), str(out))
     return paths
 
@@ -192,7 +200,7 @@ def main() -> None:
     parser.add_argument(
         "--step-ms", type=float, default=0.0, help="wait after each batch (a training step)"
     )
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also keep the figures there")
     args = parser.parse_args()
     configs = [f"{reader}:{w}" for w in (0, 2) for reader in ("ours", "ours-rows", "litdata")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -203,18 +211,31 @@ def main() -> None:
             for kind, (lance_uri, litdata_dir) in paths.items():
                 runs[kind].append({})
                 for config in configs:
-                    arguments = [__file__, "--one", config, lance_uri, litdata_dir,
-                                 str(args.batch_size), str(args.step_ms)]  # fmt: skip
+                    arguments = [
+                        __file__,
+                        "--one",
+                        config,
+                        lance_uri,
+                        litdata_dir,
+                        str(args.batch_size),
+                        str(args.step_ms),
+                    ]
                     label = f"round {round_} {kind} {config:<10}"
                     runs[kind][-1][config] = run_fresh(arguments, label)
     figures = summary(runs)
     report(figures)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        result = {"rounds": args.rounds, "batch_size": args.batch_size, "rows": args.rows,
-                  "heavy_rows": args.heavy_rows, "step_ms": args.step_ms, "runs": runs,
-                  "figures": figures}  # fmt: skip
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        result = {
+            "rounds": args.rounds,
+            "batch_size": args.batch_size,
+            "rows": args.rows,
+            "heavy_rows": args.heavy_rows,
+            "step_ms": args.step_ms,
+            "runs": runs,
+            "figures": figures,
+        }
+        tables = " and ".join(args.tables.split(","))
+        save(args.json, f"{tables} tables, step {args.step_ms:g} ms", result)
 
 
 def summary(runs: dict) -> dict:
@@ -253,21 +274,25 @@ def summary(runs: dict) -> dict:
 
 
 def report(figures: dict) -> None:
-    print(f"\n{'configuration':<18} {'ours rows/s':>11} {'LitData rows/s':>14}"
-          f" {'ours/LitData (range)':>21} {'whole epoch':>18} {'epoch 2':>18}"
-          f" {'first batch s':>15}"
-          f" {'blocks/64 ours':>14} {'LitData':>8} {'rows/LitData':>20}"
-          f" {'blocks/64':>9}")  # fmt: skip
+    print(
+        f"\n{'configuration':<18} {'ours rows/s':>11} {'LitData rows/s':>14}"
+        f" {'ours/LitData (range)':>21} {'whole epoch':>18} {'epoch 2':>18}"
+        f" {'first batch s':>15}"
+        f" {'blocks/64 ours':>14} {'LitData':>8} {'rows/LitData':>20}"
+        f" {'blocks/64':>9}"
+    )
     for name, f in figures.items():
-        print(f"{name:<18} {f['ours_rows_per_s']['median']:>11.0f}"
-              f" {f['litdata_rows_per_s']['median']:>14.0f}"
-              f" {shown(f['ours_over_litdata']):>21}"
-              f" {shown(f['ours_over_litdata_whole_epoch']):>18}"
-              f" {shown(f['ours_over_litdata_second_epoch']):>18}"
-              f" {f['ours_first_batch_s']:>7.2f} / {f['litdata_first_batch_s']:<5.2f}"
-              f" {f['ours_blocks_per_64']:>14.1f} {f['litdata_blocks_per_64']:>8.1f}"
-              f" {shown(f['rows_over_litdata']):>20}"
-              f" {f['rows_blocks_per_64']:>9.1f}")  # fmt: skip
+        print(
+            f"{name:<18} {f['ours_rows_per_s']['median']:>11.0f}"
+            f" {f['litdata_rows_per_s']['median']:>14.0f}"
+            f" {shown(f['ours_over_litdata']):>21}"
+            f" {shown(f['ours_over_litdata_whole_epoch']):>18}"
+            f" {shown(f['ours_over_litdata_second_epoch']):>18}"
+            f" {f['ours_first_batch_s']:>7.2f} / {f['litdata_first_batch_s']:<5.2f}"
+            f" {f['ours_blocks_per_64']:>14.1f} {f['litdata_blocks_per_64']:>8.1f}"
+            f" {shown(f['rows_over_litdata']):>20}"
+            f" {f['rows_blocks_per_64']:>9.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ read per epoch over the dataset's total video bytes, and the module's peak RSS (
 tree) next to its byte budget.
 
     python benchmarks/bench_video.py --workers [--worker-counts 0,2,4] [--step-ms 20]
+        [--json benchmarks/results/bench_video_workers.json]
 
 ``--workers`` uses a LeRobot-shaped dataset (24 episodes of 150-280 frames, two 96x96
 cameras with camera-like texture, x264 with B-frames, GOP 30) and LeRobot-style windows:
@@ -44,6 +45,7 @@ frames per delivered frame.
 100k episodes (``benchmarks/video_scale.py`` says how).
 
     python benchmarks/bench_video.py --s3 [--latency-ms 20]
+        [--json benchmarks/results/bench_video_s3.json]
 
 ``--s3`` starts an S3-protocol server on 127.0.0.1 (moto, ``tests/s3_server.py``) that
 answers each request after ``--latency-ms`` (default 20, a real store's time to first
@@ -53,13 +55,16 @@ from S3 in this process, alternating, ``--rounds`` times (sidecars built at setu
 timed). It reports windows/s of each and S3 / local paired by round, and the
 bytes the server sent during the epoch (response bodies of every GET, counted on the
 server side) over the dataset's MP4 bytes, as medians with their range.
+
+``--json PATH`` (``--workers``, ``--s3``) also keeps the figures in the results file
+``PATH``, as the run named by its step (``--workers``) or latency (``--s3``):
+``benchmarks/record.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import json
 import statistics
 import sys
 import tempfile
@@ -70,7 +75,8 @@ import av
 import numpy as np
 import pyarrow.parquet as pq
 from fresh import hand_back, run_fresh
-from measure import PeakRss, tree_rss_mb
+from measure import PeakRss, spread, tree_rss_mb
+from record import save
 
 FRONT, WRIST = "observation.images.front", "observation.images.wrist"
 DELTAS = {FRONT: [-0.1, 0.0]}
@@ -125,9 +131,13 @@ def run(root: Path, naive_windows: int) -> None:
 
     sidecars = root.parent / "sidecars"
     dm = VideoEpisodeDataModule(
-        str(root), delta_timestamps=DELTAS, num_splits=24, batch_size=16,
-        sidecar_dir=str(sidecars), byte_budget_gb=BUDGET_GB,
-    )  # fmt: skip
+        str(root),
+        delta_timestamps=DELTAS,
+        num_splits=24,
+        batch_size=16,
+        sidecar_dir=str(sidecars),
+        byte_budget_gb=BUDGET_GB,
+    )
     dm.setup("fit")  # builds the sidecars (not timed: once per dataset)
     video_bytes = sum(p.stat().st_size for p in (root / "videos").rglob("*.mp4"))
     baseline = tree_rss_mb()
@@ -162,21 +172,29 @@ def run(root: Path, naive_windows: int) -> None:
     naive_time = time.perf_counter() - start
     module_rate = windows / module_time
     naive_rate = min(naive_windows, len(anchors)) / naive_time
-    print(f"dataset: {len(episodes)} episodes, {int(episodes.length.sum())} frames,"
-          f" 2 cameras, {video_bytes} bytes of MP4")  # fmt: skip
+    print(
+        f"dataset: {len(episodes)} episodes, {int(episodes.length.sum())} frames,"
+        f" 2 cameras, {video_bytes} bytes of MP4"
+    )
     print(f"module: {windows} windows in {module_time:.2f} s = {module_rate:.0f} windows/s")
-    print(f"naive:  {min(naive_windows, len(anchors))} windows in {naive_time:.2f} s"
-          f" = {naive_rate:.0f} windows/s")  # fmt: skip
+    print(
+        f"naive:  {min(naive_windows, len(anchors))} windows in {naive_time:.2f} s"
+        f" = {naive_rate:.0f} windows/s"
+    )
     naive_count = min(naive_windows, len(anchors))
     module_decoded = counters["frames_decoded"] / delivered
     naive_decoded_ratio = naive_decoded / max(1, naive_delivered)
     naive_epoch_bytes = naive_bytes * len(anchors) / max(1, naive_count)
     print(f"windows/s, module / naive: {module_rate / naive_rate:.1f}x")
-    print(f"decoded frames per delivered frame: module {module_decoded:.2f}, naive"
-          f" {naive_decoded_ratio:.2f}")  # fmt: skip
+    print(
+        f"decoded frames per delivered frame: module {module_decoded:.2f}, naive"
+        f" {naive_decoded_ratio:.2f}"
+    )
     module_bytes = counters["bytes_loaded"] / video_bytes
-    print(f"bytes read per epoch / video bytes: module {module_bytes:.2f}, naive"
-          f" (extrapolated) {naive_epoch_bytes / video_bytes:.1f}")  # fmt: skip
+    print(
+        f"bytes read per epoch / video bytes: module {module_bytes:.2f}, naive"
+        f" (extrapolated) {naive_epoch_bytes / video_bytes:.1f}"
+    )
     print(
         f"peak RSS (process tree): {rss.peak:.0f} MB, {rss.peak - baseline:.0f} MB above the"
         f" process before the epoch; byte budget {BUDGET_GB * 1024:.0f} MB"
@@ -188,10 +206,14 @@ def epoch_windows_per_s(root: str, sidecars: Path, s3=None) -> tuple[float, int]
     from lightning_stream.video.datamodule import VideoEpisodeDataModule
 
     dm = VideoEpisodeDataModule(
-        root, delta_timestamps=LEROBOT_DELTAS, num_splits=24, batch_size=16,
-        sidecar_dir=str(sidecars), byte_budget_gb=BUDGET_GB,
+        root,
+        delta_timestamps=LEROBOT_DELTAS,
+        num_splits=24,
+        batch_size=16,
+        sidecar_dir=str(sidecars),
+        byte_budget_gb=BUDGET_GB,
         storage_options=s3.storage_options() if s3 else None,
-    )  # fmt: skip
+    )
     dm.setup("fit")
     if s3:
         s3.bytes_served(reset=True)
@@ -201,9 +223,10 @@ def epoch_windows_per_s(root: str, sidecars: Path, s3=None) -> tuple[float, int]
     return windows / elapsed, s3.bytes_served() if s3 else 0
 
 
-def compare_s3(root: Path, rounds: int, latency_ms: float) -> None:
+def compare_s3(root: Path, rounds: int, latency_ms: float, json_path: Path | None) -> None:
     """One epoch from local disk and from S3 (moto on 127.0.0.1, each request answered
-    after ``latency_ms``), side by side, ``rounds`` times."""
+    after ``latency_ms``), side by side, ``rounds`` times; the figures also kept in the
+    results file ``json_path``."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.s3_server import S3Server
 
@@ -218,11 +241,36 @@ def compare_s3(root: Path, rounds: int, latency_ms: float) -> None:
             remote.append(rate)
             served.append(sent / video_bytes)
     ratios = [r / loc for r, loc in zip(remote, local, strict=True)]
-    print(f"dataset: {video_bytes} bytes of MP4; S3 answers after {latency_ms:g} ms;"
-          f" medians of {rounds} rounds (range)")  # fmt: skip
-    print(f"windows/s: local {_spread(local, 0)}, S3 {_spread(remote, 0)};"
-          f" S3 / local (paired by round) {_spread(ratios)}")  # fmt: skip
+    print(
+        f"dataset: {video_bytes} bytes of MP4; S3 answers after {latency_ms:g} ms;"
+        f" medians of {rounds} rounds (range)"
+    )
+    print(
+        f"windows/s: local {_spread(local, 0)}, S3 {_spread(remote, 0)};"
+        f" S3 / local (paired by round) {_spread(ratios)}"
+    )
     print(f"bytes served by S3 per epoch / video bytes: {_spread(served)}")
+    if json_path:
+        figures = {
+            "local_windows_per_s": spread(local),
+            "s3_windows_per_s": spread(remote),
+            "s3_over_local": spread(ratios),
+            "bytes_over_video": spread(served),
+        }
+        rounds_run = [
+            {"local_windows_per_s": a, "s3_windows_per_s": b, "bytes_over_video": c}
+            for a, b, c in zip(local, remote, served, strict=True)
+        ]
+        result = {
+            "latency_ms": latency_ms,
+            "rounds": rounds,
+            "video_bytes": video_bytes,
+            "byte_budget_gb": BUDGET_GB,
+            "num_workers": 0,
+            "figures": figures,
+            "runs": rounds_run,
+        }
+        save(json_path, f"{latency_ms:g} ms", result)
 
 
 LEROBOT_DELTAS = {
@@ -238,9 +286,13 @@ def workers_run(root: str, sidecars: str, workers: int, epochs: int, step_ms: fl
     from lightning_stream.video.datamodule import VideoEpisodeDataModule
 
     dm = VideoEpisodeDataModule(
-        root, delta_timestamps=LEROBOT_DELTAS, num_splits=24, batch_size=16,
-        sidecar_dir=sidecars, num_workers=workers,
-    )  # fmt: skip
+        root,
+        delta_timestamps=LEROBOT_DELTAS,
+        num_splits=24,
+        batch_size=16,
+        sidecar_dir=sidecars,
+        num_workers=workers,
+    )
     start = time.perf_counter()
     dm.setup("fit")
     setup_s = time.perf_counter() - start
@@ -265,10 +317,16 @@ def _spread(values: list[float], digits: int = 2) -> str:
 
 
 def compare_workers(
-    root: Path, rounds: int, counts: list[int], epochs: int, step_ms: float, json_path: str | None
+    root: Path,
+    rounds: int,
+    counts: list[int],
+    epochs: int,
+    step_ms: float,
+    json_path: Path | None,
 ) -> None:
     """Each worker count in a fresh process, interleaved, ``rounds`` times; every round's
-    figures also written to ``json_path`` (``benchmarks/plots.py`` draws them)."""
+    figures also kept in the results file ``json_path`` (``benchmarks/plots.py`` draws
+    them)."""
     from lightning_stream.video.datamodule import VideoEpisodeDataModule
 
     sidecars = root.parent / "sidecars"
@@ -282,35 +340,49 @@ def compare_workers(
     runs: dict[int, list[dict]] = {count: [] for count in counts}
     for _ in range(rounds):
         for count in counts:
-            arguments = [__file__, "--one", str(count), str(root), str(sidecars), str(epochs),
-                         str(step_ms)]  # fmt: skip
+            arguments = [
+                __file__,
+                "--one",
+                str(count),
+                str(root),
+                str(sidecars),
+                str(epochs),
+                str(step_ms),
+            ]
             runs[count].append(run_fresh(arguments, f"{count} workers:"))
     frames = sum(pq.read_metadata(p).num_rows for p in sorted((root / "data").rglob("*.parquet")))
-    print(f"dataset: 24 episodes, {frames} frames, 2 cameras of 96x96 (h264, B-frames, GOP 30);"
-          f" batch 16, num_splits 24; step {step_ms:g} ms;"
-          f" medians of {rounds} rounds (range)")  # fmt: skip
+    print(
+        f"dataset: 24 episodes, {frames} frames, 2 cameras of 96x96 (h264, B-frames, GOP 30);"
+        f" batch 16, num_splits 24; step {step_ms:g} ms;"
+        f" medians of {rounds} rounds (range)"
+    )
     for count in counts:
         print(f"{count} workers: setup {_spread([r['setup_s'] for r in runs[count]])} s")
         for epoch in range(epochs):
             done = [r["epochs"][epoch] for r in runs[count]]
             rates = [e["windows"] / e["epoch_s"] for e in done]
-            print(f"  epoch {epoch}: first batch {_spread([e['first_batch_s'] for e in done])} s,"
-                  f" epoch {_spread([e['epoch_s'] for e in done])} s,"
-                  f" {_spread(rates, 0)} windows/s")  # fmt: skip
+            print(
+                f"  epoch {epoch}: first batch {_spread([e['first_batch_s'] for e in done])} s,"
+                f" epoch {_spread([e['epoch_s'] for e in done])} s,"
+                f" {_spread(rates, 0)} windows/s"
+            )
     base = counts[0]
     for count in counts[1:]:
         for epoch in range(epochs):
             pairs = list(zip(runs[count], runs[base], strict=True))
             # the same windows in each epoch: the ratio of windows/s is that of times
-            ratio = [b["epochs"][epoch]["epoch_s"] / a["epochs"][epoch]["epoch_s"]
-                     for a, b in pairs]  # fmt: skip
-            extra = [a["setup_s"] + a["epochs"][0]["epoch_s"] - b["setup_s"]
-                     - b["epochs"][0]["epoch_s"] for a, b in pairs]  # fmt: skip
+            ratio = [
+                b["epochs"][epoch]["epoch_s"] / a["epochs"][epoch]["epoch_s"] for a, b in pairs
+            ]
+            extra = [
+                a["setup_s"] + a["epochs"][0]["epoch_s"] - b["setup_s"] - b["epochs"][0]["epoch_s"]
+                for a, b in pairs
+            ]
             note = f"; setup + epoch 0, {count} - {base}: {_spread(extra)} s" if epoch == 0 else ""
             print(f"epoch {epoch} windows/s, {count} workers / {base}: {_spread(ratio)}{note}")
     if json_path:
         figures = {"rounds": rounds, "step_ms": step_ms, "counts": counts, "runs": runs}
-        Path(json_path).write_text(json.dumps(figures, indent=1) + "\n")
+        save(json_path, f"step {step_ms:g} ms", figures)
 
 
 MEMORY_BUDGET_GB = 0.05
@@ -322,9 +394,14 @@ def memory_run(root: str, sidecars: str, workers: int) -> dict:
     from lightning_stream.video.datamodule import VideoEpisodeDataModule
 
     dm = VideoEpisodeDataModule(
-        root, delta_timestamps=LEROBOT_DELTAS, num_splits=24, batch_size=16,
-        sidecar_dir=sidecars, byte_budget_gb=MEMORY_BUDGET_GB, num_workers=workers,
-    )  # fmt: skip
+        root,
+        delta_timestamps=LEROBOT_DELTAS,
+        num_splits=24,
+        batch_size=16,
+        sidecar_dir=sidecars,
+        byte_budget_gb=MEMORY_BUDGET_GB,
+        num_workers=workers,
+    )
     dm.setup("fit")
     after_setup = tree_rss_mb()
     source = dm.stream.source
@@ -347,12 +424,14 @@ def memory_run(root: str, sidecars: str, workers: int) -> dict:
     dm.teardown("fit")
     expected = source.split_len * source.num_splits
     return {
-        "after_setup": after_setup, "baseline": baseline, "peak": rss.peak,
+        "after_setup": after_setup,
+        "baseline": baseline,
+        "peak": rss.peak,
         "curve": [curve[int(q * (len(curve) - 1))] for q in (0.1, 0.5, 0.9)],
         "resident_peak_mb": max(held) / 2**20,
         "exact": len(anchors) == expected and set(anchors.values()) == {1},
         "decoded_per_delivered": counters["frames_decoded"] / (4 * sum(anchors.values())),
-    }  # fmt: skip
+    }
 
 
 def compare_memory(root: Path) -> None:
@@ -360,22 +439,26 @@ def compare_memory(root: Path) -> None:
     sidecars = root.parent / "sidecars"
     frames = sum(pq.read_metadata(p).num_rows for p in sorted((root / "data").rglob("*.parquet")))
     budget_mb = MEMORY_BUDGET_GB * 1024
-    print(f"dataset: 24 episodes, {frames} frames, 2 cameras of 96x96:"
-          f" {frames * 2 * 3 * 96 * 96 / 2**20:.0f} MB of decoded frames;"
-          f" byte budget {budget_mb:.1f} MB, bound 1.5 x budget + 60 MB ="
-          f" {1.5 * budget_mb + 60:.0f} MB")  # fmt: skip
+    print(
+        f"dataset: 24 episodes, {frames} frames, 2 cameras of 96x96:"
+        f" {frames * 2 * 3 * 96 * 96 / 2**20:.0f} MB of decoded frames;"
+        f" byte budget {budget_mb:.1f} MB, bound 1.5 x budget + 60 MB ="
+        f" {1.5 * budget_mb + 60:.0f} MB"
+    )
     for workers in (0, 2):
         arguments = [__file__, "--memory-one", str(workers), str(root), str(sidecars)]
         r = run_fresh(arguments, f"{workers} workers:")
         above = r["peak"] - r["baseline"]
-        print(f"{workers} workers: RSS after setup {r['after_setup']:.0f} MB, after the"
-              f" workers' start-up {r['baseline']:.0f} MB; over the epoch 10/50/90%"
-              f" {' / '.join(f'{x:.0f}' for x in r['curve'])} MB, peak {r['peak']:.0f} MB:"
-              f" {above:.0f} MB above the baseline ({above / budget_mb:.2f}x the budget,"
-              f" {'within' if above <= 1.5 * budget_mb + 60 else 'OVER'} the bound);"
-              f" resident_bytes at most {r['resident_peak_mb']:.1f} MB;"
-              f" epoch exact: {r['exact']}; decoded frames per delivered frame"
-              f" {r['decoded_per_delivered']:.2f}")  # fmt: skip
+        print(
+            f"{workers} workers: RSS after setup {r['after_setup']:.0f} MB, after the"
+            f" workers' start-up {r['baseline']:.0f} MB; over the epoch 10/50/90%"
+            f" {' / '.join(f'{x:.0f}' for x in r['curve'])} MB, peak {r['peak']:.0f} MB:"
+            f" {above:.0f} MB above the baseline ({above / budget_mb:.2f}x the budget,"
+            f" {'within' if above <= 1.5 * budget_mb + 60 else 'OVER'} the bound);"
+            f" resident_bytes at most {r['resident_peak_mb']:.1f} MB;"
+            f" epoch exact: {r['exact']}; decoded frames per delivered frame"
+            f" {r['decoded_per_delivered']:.2f}"
+        )
 
 
 def main() -> None:
@@ -405,7 +488,9 @@ def main() -> None:
     )
     parser.add_argument("--epochs", type=int, default=3, help="--workers: epochs per process")
     parser.add_argument("--step-ms", type=float, default=0.0, help="--workers: step per batch")
-    parser.add_argument("--json", help="--workers: also write every round's figures here")
+    parser.add_argument(
+        "--json", type=Path, metavar="PATH", help="--workers, --s3: also keep the figures there"
+    )
     parser.add_argument("--memory", action="store_true", help="memory under a small budget")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     args = parser.parse_args()
@@ -422,7 +507,7 @@ def main() -> None:
         if args.memory:
             compare_memory(root)
         elif args.s3:
-            compare_s3(root, args.rounds, args.latency_ms)
+            compare_s3(root, args.rounds, args.latency_ms, args.json)
         elif args.workers:
             counts = [int(c) for c in args.worker_counts.split(",")]
             compare_workers(root, args.rounds, counts, args.epochs, args.step_ms, args.json)

@@ -67,7 +67,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NUM_SPLITS = 32
 BLOCK_ROWS = 1024
 MIX_ROWS = 64
-# ``default``: the package's default order (clumps of up to 4,096 rows, at least 8 per
+# ``default``: the package's default order (clumps of up to 4,096 rows, at least 4 per
 # split); ``rows``: single rows; ``clumps-N``: clumps of N rows. Each the same on both sides.
 SETTINGS = {
     "default": {},
@@ -119,9 +119,14 @@ def epoch(
         options = storage_options(endpoint)
         uri = f"s3://bench/{Path(uri).name}"
     dm = LanceDataModule(
-        uri, name, num_splits=NUM_SPLITS, batch_size=batch_size, num_workers=int(workers),
-        storage_options=options, **SETTINGS[setting],
-    )  # fmt: skip
+        uri,
+        name,
+        num_splits=NUM_SPLITS,
+        batch_size=batch_size,
+        num_workers=int(workers),
+        storage_options=options,
+        **SETTINGS[setting],
+    )
     probe = _Probe(endpoint if options else None)
     with PeakRss() as rss:
         probe.rss = rss
@@ -236,11 +241,20 @@ def _fit(dm, probe: _Probe, step_ms: float) -> dict:
     return probe.result
 
 
-def main(kind: str, rows: int, batch_size: int, rounds: int, latency_ms: float,
-         bandwidth_mb_s: float | None, before: Path | None = None,
-         settings: list[str] | None = None, step_ms: float = 0,
-         store_cores: int = 0, trainer: bool = False,
-         moto_ranges: bool = False) -> dict:  # fmt: skip
+def main(
+    kind: str,
+    rows: int,
+    batch_size: int,
+    rounds: int,
+    latency_ms: float,
+    bandwidth_mb_s: float | None,
+    before: Path | None = None,
+    settings: list[str] | None = None,
+    step_ms: float = 0,
+    store_cores: int = 0,
+    trainer: bool = False,
+    moto_ranges: bool = False,
+) -> dict:
     """Runs every configuration, prints the report, and returns its figures.
 
     ``settings``: names of ``SETTINGS`` to run (default: all).
@@ -272,22 +286,27 @@ def main(kind: str, rows: int, batch_size: int, rounds: int, latency_ms: float,
 
             make_table(str(local), rows)  # one create_table call
         table_bytes = sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
-        server = S3Server(Path(tmp) / "moto.log", latency_ms=latency_ms,
-                          bandwidth_mb_s=bandwidth_mb_s, cpus=store_cpus,
-                          moto_ranges=moto_ranges)  # fmt: skip
+        server = S3Server(
+            Path(tmp) / "moto.log",
+            latency_ms=latency_ms,
+            bandwidth_mb_s=bandwidth_mb_s,
+            cpus=store_cpus,
+            moto_ranges=moto_ranges,
+        )
         with server:
             server.create_bucket("bench")
             server.upload(local, f"s3://bench/{local.name}")
-            print(f"{kind} table: {rows} rows, {table_bytes / 1e6:.1f} MB; batch {batch_size};"
-                  f" S3 latency {latency_ms:g} ms, bandwidth cap {bandwidth_mb_s} MB/s;"
-                  f" step {step_ms:g} ms; store cores {sorted(store_cpus or [])};"
-                  f" {'inside Trainer.fit' if trainer else 'a loop over the loader'};"
-                  f" range reads answered by {'moto' if moto_ranges else 'the front'}",
-                  flush=True)  # fmt: skip
+            print(
+                f"{kind} table: {rows} rows, {table_bytes / 1e6:.1f} MB; batch {batch_size};"
+                f" S3 latency {latency_ms:g} ms, bandwidth cap {bandwidth_mb_s} MB/s;"
+                f" step {step_ms:g} ms; store cores {sorted(store_cpus or [])};"
+                f" {'inside Trainer.fit' if trainer else 'a loop over the loader'};"
+                f" range reads answered by {'moto' if moto_ranges else 'the front'}",
+                flush=True,
+            )
             stores = ("local", "s3", "s3-before") if before else ("local", "s3")
             settings = settings or list(SETTINGS)
-            configs = [f"{s}:{w}:{store}" for s in settings for w in (0, 2)
-                       for store in stores]  # fmt: skip
+            configs = [f"{s}:{w}:{store}" for s in settings for w in (0, 2) for store in stores]
             runs = []
             for round_ in range(rounds):
                 runs.append({})
@@ -296,17 +315,54 @@ def main(kind: str, rows: int, batch_size: int, rounds: int, latency_ms: float,
                     if config.endswith(":s3-before"):
                         script = str(before / "benchmarks" / "lance_s3.py")
                         asked = config.removesuffix("-before")
-                    arguments = [script, asked, str(local), server.endpoint, str(batch_size),
-                                 str(step_ms), "trainer" if trainer else "loop"]  # fmt: skip
+                    arguments = [
+                        script,
+                        asked,
+                        str(local),
+                        server.endpoint,
+                        str(batch_size),
+                        str(step_ms),
+                        "trainer" if trainer else "loop",
+                    ]
                     runs[-1][config] = run_fresh(arguments, f"round {round_} {config:<34}")
     figures = summary(runs, table_bytes)
     report(figures)
-    return {"table": kind, "rows": rows, "table_bytes": table_bytes, "batch_size": batch_size,
-            "latency_ms": latency_ms, "bandwidth_mb_s": bandwidth_mb_s, "rounds": rounds,
-            "step_ms": step_ms, "store_cores": store_cores, "trainer": trainer,
-            "moto_ranges": moto_ranges,
-            "before": str(before) if before else None, "runs": runs,
-            "figures": figures}  # fmt: skip
+    return {
+        "table": kind,
+        "rows": rows,
+        "table_bytes": table_bytes,
+        "batch_size": batch_size,
+        "latency_ms": latency_ms,
+        "bandwidth_mb_s": bandwidth_mb_s,
+        "rounds": rounds,
+        "step_ms": step_ms,
+        "store_cores": store_cores,
+        "trainer": trainer,
+        "moto_ranges": moto_ranges,
+        "before": str(before) if before else None,
+        "runs": runs,
+        "figures": figures,
+    }
+
+
+def cores(count: int) -> str:
+    return "a core" if count == 1 else f"{count} cores"
+
+
+def run_name(figures: dict) -> str:
+    """The name of a run in its results file: the options that set what it measured."""
+    store = figures["store_cores"]
+    parts = [
+        f"{figures['table']} table",
+        f"{figures['latency_ms']:g} ms",
+        "inside Trainer.fit" if figures["trainer"] else "a loop over the loader",
+        f"the store on {cores(store)} of its own" if store else "the store on shared cores",
+        f"step {figures['step_ms']:g} ms",
+        f"range reads answered by {'moto' if figures['moto_ranges'] else 'the front'}",
+    ]
+    if figures["bandwidth_mb_s"]:
+        parts.append(f"{figures['bandwidth_mb_s']:g} MB/s a response")
+    return ", ".join(parts)
 
 
 def summary(runs: list[dict], table_bytes: int) -> dict:
@@ -376,25 +432,29 @@ def _cores_busy(run: dict) -> float:
 
 
 def report(figures: dict) -> None:
-    print(f"\n{'configuration':<46} {'local rows/s':>12} {'S3 rows/s':>10}"
-          f" {'S3/local (range)':>18} {'whole epoch':>18} {'next epoch':>18}"
-          f" {'bytes/table':>11} {'next':>5} {'per epoch':>9} {'blocks/64':>9} {'GETs':>7}"
-          f" {'GET KB':>7} {'in flight':>9}"
-          f" {'RSS+ MB':>7} {'store CPU':>9} {'host CPU':>8} {'reader CPU':>10}"
-          f" {'cores local/S3':>14}")  # fmt: skip
+    print(
+        f"\n{'configuration':<46} {'local rows/s':>12} {'S3 rows/s':>10}"
+        f" {'S3/local (range)':>18} {'whole epoch':>18} {'next epoch':>18}"
+        f" {'bytes/table':>11} {'next':>5} {'per epoch':>9} {'blocks/64':>9} {'GETs':>7}"
+        f" {'GET KB':>7} {'in flight':>9}"
+        f" {'RSS+ MB':>7} {'store CPU':>9} {'host CPU':>8} {'reader CPU':>10}"
+        f" {'cores local/S3':>14}"
+    )
     for name, f in figures.items():
         ratio, whole = shown(f["s3_over_local"]), shown(f["s3_over_local_whole_epoch"])
         following = shown(f["s3_over_local_next_epoch"])
-        print(f"{name:<46} {f['local_rows_per_s']['median']:>12.0f}"
-              f" {f['s3_rows_per_s']['median']:>10.0f} {ratio:>18} {whole:>18} {following:>18}"
-              f" {f['bytes_over_table']['median']:>11.2f}"
-              f" {f['next_epoch_bytes_over_table']['median']:>5.2f}"
-              f" {f['bytes_per_epoch_over_table']['median']:>9.2f} {f['blocks_per_64']:>9.1f}"
-              f" {f['gets']:>7.0f} {f['median_get_kb']:>7.1f} {f['in_flight']:>9.1f}"
-              f" {f['s3_peak_above_first_mb']:>7.0f}"
-              f" {f['store_cpu_over_local_epoch']:>9.2f} {f['host_cpu_s3_over_local']:>8.2f}"
-              f" {f['reader_cpu_s3_over_local']:>10.2f}"
-              f" {f['host_cores_busy_local']:>6.2f}/{f['host_cores_busy_s3']:<7.2f}")  # fmt: skip
+        print(
+            f"{name:<46} {f['local_rows_per_s']['median']:>12.0f}"
+            f" {f['s3_rows_per_s']['median']:>10.0f} {ratio:>18} {whole:>18} {following:>18}"
+            f" {f['bytes_over_table']['median']:>11.2f}"
+            f" {f['next_epoch_bytes_over_table']['median']:>5.2f}"
+            f" {f['bytes_per_epoch_over_table']['median']:>9.2f} {f['blocks_per_64']:>9.1f}"
+            f" {f['gets']:>7.0f} {f['median_get_kb']:>7.1f} {f['in_flight']:>9.1f}"
+            f" {f['s3_peak_above_first_mb']:>7.0f}"
+            f" {f['store_cpu_over_local_epoch']:>9.2f} {f['host_cpu_s3_over_local']:>8.2f}"
+            f" {f['reader_cpu_s3_over_local']:>10.2f}"
+            f" {f['host_cores_busy_local']:>6.2f}/{f['host_cores_busy_s3']:<7.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """How fast lance's own reads of a table go from S3 on this host, with nothing else running.
 
-``python benchmarks/lance_s3_ceiling.py [--heavy-rows 25000] [--latency-ms 20] [--store-cores 1]``
+``python benchmarks/lance_s3_ceiling.py [--heavy-rows 25000] [--latency-ms 20] [--threads 4]
+[--store-cores 1] [--json benchmarks/results/lance_s3_ceiling.json]``
 
 The heavy table of ``bench_lance.py --s3 --heavy`` is read whole with lance's take by
 storage offset (``LanceReads.take``, the call the data module's reads make), in clumps
@@ -22,6 +23,10 @@ only difference), the loader's rate is its CPU an epoch, local over S3, between 
 and 1: the more of its own work a row, the nearer 1. The server shares the reader's cores
 (2 here); a real store's CPU is elsewhere: ``--store-cores N`` runs it on the host's last
 N cores alone and the reads, local and S3, on the rest.
+
+``--json PATH`` also keeps every round's figures and their medians (range) in the results
+file ``PATH``, as the run named by its latency, reads at once and store cores
+(``benchmarks/record.py``).
 """
 
 from __future__ import annotations
@@ -37,7 +42,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from lance_s3 import cores  # noqa: E402
 from measure import cores_for_store, shown, spread  # noqa: E402
+from record import save  # noqa: E402
 
 NUM_SPLITS = 32
 
@@ -72,15 +79,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument(
-        "--store-cores", type=int, default=0,
+        "--store-cores",
+        type=int,
+        default=0,
         help="cores the S3 server runs on alone, the reads on the rest (default 0: shared)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--read-rows",
         type=int,
         default=1500,
-        help="rows a read (32 MiB, the module's remote reads)",
+        help="rows a read (32 MiB of the heavy table)",
     )
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also keep the figures there")
     args = parser.parse_args()
     store_cpus = cores_for_store(args.store_cores)  # before lance starts its threads
     sys.path.insert(0, str(ROOT))
@@ -101,9 +111,10 @@ def main() -> None:
         s3.upload(local, "s3://bench/heavy")
         tables = {
             "local": lancedb.connect(str(local)).open_table("heavy"),
-            "s3": lancedb.connect("s3://bench/heavy", storage_options=storage_options(s3.endpoint))
-            .open_table("heavy"),
-        }  # fmt: skip
+            "s3": lancedb.connect(
+                "s3://bench/heavy", storage_options=storage_options(s3.endpoint)
+            ).open_table("heavy"),
+        }
         row_ids = np.arange(tables["local"].count_rows())  # storage offsets
         size = clump_rows(None, len(row_ids), NUM_SPLITS)
         clumps = [row_ids[i : i + size] for i in range(0, len(row_ids), size)]
@@ -130,6 +141,21 @@ def main() -> None:
             print(f"round {round_}", {k: round(v[-1], 3) for k, v in runs.items()}, flush=True)
         for name, values in runs.items():
             print(f"{name:14} {shown(spread(values))}")
+    if args.json:
+        result = {
+            "heavy_rows": len(row_ids),
+            "clump": size,
+            "read_rows": args.read_rows,
+            "threads": args.threads,
+            "latency_ms": args.latency_ms,
+            "store_cores": args.store_cores,
+            "rounds": args.rounds,
+            "runs": runs,
+            "figures": {name: spread(values) for name, values in runs.items()},
+        }
+        name = f"{args.latency_ms:g} ms, {args.threads} reads at once"
+        name += f", the store on {cores(args.store_cores)} of its own" if args.store_cores else ""
+        save(args.json, name, result)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,13 @@ def quiet_trainer(**options: Any) -> pl.Trainer:
     nothing: no logger, checkpoints, progress bar or model summary."""
     options = {"max_epochs": 1, **options}
     return pl.Trainer(
-        accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, **options,
-    )  # fmt: skip
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **options,
+    )
 
 
 class NoOpModel(pl.LightningModule):

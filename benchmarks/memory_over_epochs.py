@@ -1,16 +1,19 @@
 """Resident memory of a reading process epoch after epoch, with the package's allocator
 settings and with glibc's defaults.
 
-``python benchmarks/memory_over_epochs.py [--rows 2000000] [--heavy] [--epochs 8]
-[--rounds 2]`` writes one table (light rows as ``bench_lance.py`` writes them, or
-``--heavy``: 25k rows of 22 KB), then reads ``--epochs`` epochs of it at 0 workers in a
+    python benchmarks/memory_over_epochs.py [--rows 2000000] [--heavy] [--epochs 8]
+        [--rounds 2] [--json benchmarks/results/memory_over_epochs.json]
+
+writes one table (light rows as ``bench_lance.py`` writes them, or ``--heavy``: 25k rows
+of 22 KB), then reads ``--epochs`` epochs of it at 0 workers in a
 fresh process per setting (``package``: :mod:`lightning_stream.allocator`'s settings;
 ``thresholds``: its thresholds alone, given as ``GLIBC_TUNABLES`` so that the package
 leaves glibc's arenas as they are; ``glibc``: ``LIGHTNING_STREAM_MALLOC=0``), the settings
 interleaved over ``--rounds``.
 Reported per run: rows/s of each epoch, the resident memory at each epoch's end and the
 peak. A reader whose memory is bounded ends its last epoch about where it ended its
-first.
+first. ``--json PATH`` also keeps every run's figures in the results file ``PATH``, as the
+run ``light table`` or ``heavy table`` (``benchmarks/record.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fresh import hand_back, run_fresh
 from measure import tree_rss_mb
+from record import save
 
 from lightning_stream.allocator import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES
 
@@ -64,6 +68,7 @@ def main() -> None:
     parser.add_argument("--heavy", action="store_true")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also keep the figures there")
     parser.add_argument("--run", nargs=2, help=argparse.SUPPRESS)  # uri, name: one run
     args = parser.parse_args()
     if args.run:
@@ -81,16 +86,23 @@ def main() -> None:
 
             make_table(uri, args.rows)
             name = "bench"
+        rows = 25_000 if args.heavy else args.rows
         print(f"{name} table, {args.epochs} epochs at 0 workers, one fresh process a run")
+        runs = []
         for round_ in range(args.rounds):
             for setting, env in SETTINGS.items():
                 for variable in ("LIGHTNING_STREAM_MALLOC", "GLIBC_TUNABLES"):
                     os.environ.pop(variable, None)
                 os.environ.update(env)
-                run_fresh(
+                result = run_fresh(
                     [__file__, "--epochs", str(args.epochs), "--run", uri, name],
                     f"round {round_} {setting:10}",
                 )
+                runs.append({"round": round_, "setting": setting, **result})
+    if args.json:
+        kind = "heavy" if args.heavy else "light"
+        figures = {"rows": rows, "epochs": args.epochs, "rounds": args.rounds, "runs": runs}
+        save(args.json, f"{kind} table", figures)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """LanceDataModule on light tables of 1M to 64M rows: setup, first batch, speed, memory.
 
     python benchmarks/scale.py [--sizes 1000000,16000000,64000000] [--rounds 3]
-        [--data-dir DIR] [--json PATH]
+        [--data-dir DIR] [--json benchmarks/results/scale.json]
     python benchmarks/scale.py --plan-only --rows 1000000000 --splits 4096 --world 512
-        --workers 2
+        --workers 2 [--json benchmarks/results/scale.json]
 
 The light tables (an int64 ``id``, 16 float32 ``vec``, a float32 ``label``: 76 bytes a
 row, ``lightning_stream.lance.synthetic.light_rows``) are written once under
@@ -25,6 +25,9 @@ Then the largest table with ``filter="label < 0.5"`` (a whole epoch) and with
 ``--plan-only`` computes one rank's epoch plan for a table that does not exist (the
 last rank of ``--world``, every storage offset its ``--workers`` readers serve, window by
 window as they read) and prints its time and the peak of Python's allocations.
+
+``--json PATH`` keeps the figures as the run ``tables`` (or ``plan only``) of the results
+file ``PATH`` (``benchmarks/record.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from pathlib import Path
 from fresh import hand_back, run_fresh
 from lance_s3 import blocks_per_rows
 from measure import PeakRss, shown, size_summary, tree_rss_mb
+from record import save
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_SPLITS = 64
@@ -68,8 +72,9 @@ def one(uri: str, workers: int, options: dict, seconds: float | None) -> dict:
     ids: list = []
     with PeakRss() as peak:
         started = time.perf_counter()
-        dm = LanceDataModule(uri, "light", num_splits=NUM_SPLITS, batch_size=BATCH,
-                             num_workers=workers, **options)  # fmt: skip
+        dm = LanceDataModule(
+            uri, "light", num_splits=NUM_SPLITS, batch_size=BATCH, num_workers=workers, **options
+        )
         dm.setup("fit")
         setup = time.perf_counter() - started
         batches = iter(dm.train_dataloader())
@@ -120,9 +125,18 @@ def plan_only(rows: int, splits: int, world: int, workers: int, batch: int) -> d
             served += len(reader(start, min(start + 2**16, len(reader))))
     seconds = time.perf_counter() - started
     peak = tracemalloc.get_traced_memory()[1]
-    return {"rows": rows, "splits": splits, "world": world, "workers": workers,
-            "rank": rank, "rank_rows": served, "steps": plan.steps, "seconds": seconds,
-            "peak_mb": peak / 2**20, "clump": order.clump}  # fmt: skip
+    return {
+        "rows": rows,
+        "splits": splits,
+        "world": world,
+        "workers": workers,
+        "rank": rank,
+        "rank_rows": served,
+        "steps": plan.steps,
+        "seconds": seconds,
+        "peak_mb": peak / 2**20,
+        "clump": order.clump,
+    }
 
 
 def main() -> None:
@@ -131,7 +145,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--data-dir", type=Path, default=Path.home() / ".cache" / "ls-scale")
     parser.add_argument("--single-seconds", type=float, default=20.0)
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also keep the figures there")
     parser.add_argument("--plan-only", action="store_true")
     parser.add_argument("--rows", type=int, default=10**9)
     parser.add_argument("--splits", type=int, default=4096)
@@ -141,8 +155,12 @@ def main() -> None:
     if args.plan_only:
         result = plan_only(args.rows, args.splits, args.world, args.workers, BATCH)
         print(json.dumps(result))
-        print(f"one rank's plan of {args.rows:,} rows: {result['seconds']:.2f} s,"
-              f" {result['peak_mb']:.1f} MB at most")  # fmt: skip
+        print(
+            f"one rank's plan of {args.rows:,} rows: {result['seconds']:.2f} s,"
+            f" {result['peak_mb']:.1f} MB at most"
+        )
+        if args.json:
+            save(args.json, "plan only", result)
         return
     sizes = [int(s) for s in args.sizes.split(",")]
     args.data_dir.mkdir(parents=True, exist_ok=True)
@@ -166,26 +184,36 @@ def main() -> None:
     figures = size_summary(runs, sizes, ("first_batch_s", "rows_per_s"))
     report(figures)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        result = {"rounds": args.rounds, "num_splits": NUM_SPLITS, "batch_size": BATCH,
-                  "runs": runs, "figures": figures}  # fmt: skip
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        result = {
+            "rounds": args.rounds,
+            "num_splits": NUM_SPLITS,
+            "batch_size": BATCH,
+            "runs": runs,
+            "figures": figures,
+        }
+        save(args.json, "tables", result)
 
 
 def report(figures: dict) -> None:
-    print(f"\n{'configuration':<22} {'setup + first batch s':>22} {'rows/s':>26}"
-          f" {'next first batch s':>19} {'peak above start GB':>20} {'blocks/64':>9}")  # fmt: skip
+    print(
+        f"\n{'configuration':<22} {'setup + first batch s':>22} {'rows/s':>26}"
+        f" {'next first batch s':>19} {'peak above start GB':>20} {'blocks/64':>9}"
+    )
     for config, f in figures.items():
         if " over " in config:
-            print(f"{config:<22} 64M/1M: setup + first batch {f['first_batch_s']:.2f}x,"
-                  f" rows/s {f['rows_per_s']:.2f}x")  # fmt: skip
+            print(
+                f"{config:<22} 64M/1M: setup + first batch {f['first_batch_s']:.2f}x,"
+                f" rows/s {f['rows_per_s']:.2f}x"
+            )
             continue
         following = shown(f["next_first_batch_s"]) if "next_first_batch_s" in f else "-"
         rate = f["rows_per_s"]
-        print(f"{config:<22} {shown(f['first_batch_s']):>22}"
-              f" {rate['median']:>10.0f} ({rate['min']:.0f}-{rate['max']:.0f})"
-              f" {following:>19} {shown(f['peak_above_start_gb']):>20}"
-              f" {f['blocks_per_64']['median']:>9.1f}")  # fmt: skip
+        print(
+            f"{config:<22} {shown(f['first_batch_s']):>22}"
+            f" {rate['median']:>10.0f} ({rate['min']:.0f}-{rate['max']:.0f})"
+            f" {following:>19} {shown(f['peak_above_start_gb']):>20}"
+            f" {f['blocks_per_64']['median']:>9.1f}"
+        )
 
 
 if __name__ == "__main__":

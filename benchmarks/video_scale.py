@@ -1,7 +1,7 @@
 """VideoEpisodeDataModule on LeRobot-layout datasets of 1k to 100k episodes.
 
     python benchmarks/bench_video.py --scale [--sizes 1000,10000,100000] [--rounds 2]
-        [--data-dir DIR] [--windows 65536] [--json PATH]
+        [--data-dir DIR] [--windows 65536] [--json benchmarks/results/video_scale.json]
 
 The datasets (``lightning_stream.video.synthetic.write_dataset``: two 96x96 h264 cameras,
 12 frames an episode, 500 episodes a file, one Parquet row group per episode; 1.2M frames
@@ -25,7 +25,6 @@ wrist camera's anchor frame, at 0 and 2 workers, epoch after epoch:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from pathlib import Path
 
 from fresh import hand_back, run_fresh
 from measure import PeakRss, shown, size_summary, tree_rss_mb
+from record import save
 
 ROOT = Path(__file__).resolve().parents[1]
 FRAMES = 12  # an episode's
@@ -140,7 +140,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--windows", type=int, default=65536)
     parser.add_argument("--data-dir", type=Path, default=Path.home() / ".cache" / "ls-video-scale")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures")
+    parser.add_argument(
+        "--json", type=Path, metavar="PATH", help="also keep the figures there (run 'datasets')"
+    )
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     args.data_dir.mkdir(parents=True, exist_ok=True)
@@ -173,7 +175,6 @@ def main(argv: list[str]) -> None:
     figures = size_summary(runs, sizes, ("first_windows_per_s", "windows_per_s"))
     report(figures)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         result = {
             "rounds": args.rounds,
             "num_splits": NUM_SPLITS,
@@ -184,7 +185,7 @@ def main(argv: list[str]) -> None:
             "runs": runs,
             "figures": figures,
         }
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        save(args.json, "datasets", result)
 
 
 def report(figures: dict) -> None:
