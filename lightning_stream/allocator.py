@@ -3,21 +3,15 @@
 lance allocates every read's buffers afresh, megabytes at a time. glibc serves a block
 above its mmap threshold (128 KiB, raised as blocks are freed) with a fresh mapping and
 hands memory at the top of a heap above its trim threshold back to the kernel, so each
-read faults its pages in again and the kernel zeroes them. On rows of 22 KB that was most
-of a read's CPU: 25,000 clumped rows taken in reads of 760 cost 1.1-1.4 s of CPU with
-glibc's defaults and 0.54-0.61 s with the thresholds below (one thread, the same rows;
-a whole epoch of ``LanceDataModule`` at 0 workers ran 35k -> 42-48k rows/s).
+read faults its pages in again and the kernel zeroes them: for rows of tens of KB, most of
+a read's CPU. The thresholds below keep those blocks in the heap for the next read.
 
 glibc also gives threads arenas of their own, up to 8 per core, and lance's threads
 allocate in many of them: what one arena frees another cannot reuse, so a reading process
-grew epoch after epoch. 2M light rows, 8 epochs at 0 workers on 2 cores
-(``benchmarks/memory_over_epochs.py``): resident memory at the epochs' ends went from
-0.99-1.08 GB to 1.33-1.43 GB with glibc's defaults and from 1.02-1.05 GB to 1.36-1.37 GB
-with the thresholds above alone; with at most ``ARENA_MAX`` arenas it stayed within
-0.94-1.02 GB, at the same speed (0.81-0.93M rows/s in all three). Rows of 22 KB do not
-grow either way and read about 5% slower with the limit (56-64k against 58-68k rows/s
-with the thresholds alone). The limit grows with the cores (``max(4, cores)``), as
-lance's threads do; only 2 cores were measured.
+grows epoch after epoch. At most ``ARENA_MAX`` arenas keep it flat; the limit grows with
+the cores (``max(4, cores)``), as lance's threads do. ``benchmarks/memory_over_epochs.py``
+measures a reading process's memory over epochs with these settings, with the thresholds
+alone and with glibc's defaults (figures: ``docs/benchmarks.md``).
 
 Each process sets them once, as early as the package can: when a ``LanceDataModule`` is
 made (before Lightning's ``prepare_data`` and ``setup``) and as each reading worker starts.
@@ -40,9 +34,8 @@ import sys
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
-# Blocks up to 32 MiB (glibc's ceiling for this setting; a read is at most 32 MiB) come
-# from the heap, and up to 64 MiB free at a heap's top stay there: two reads' worth. The
-# memory held stays bounded by the reads in flight (a 22 KB-row epoch held 0.06 GB more).
+# Blocks up to 32 MiB (glibc's ceiling for this setting) come from the heap, and up to
+# 64 MiB free at a heap's top stay there for the next reads.
 MMAP_THRESHOLD_BYTES = 32 * 2**20
 TRIM_THRESHOLD_BYTES = 64 * 2**20
 ARENA_MAX = max(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 4)

@@ -30,11 +30,10 @@ CLUMPS_PER_SPLIT = 4
 # Clumps a split serves from at once, at most: a batch then mixes up to this many clumps
 # per split it draws on, while every clump is still read front to back.
 POOL_CLUMPS = 4
-# Bytes of a split's pool at most: a reader that serves all 64 splits of a rank (at the
-# defaults) then holds 4 clumps of each within the default budget, 256 MiB. A pool of
-# wide rows' clumps would cut a reader's runs to a few rows each, which lance reads at a
-# higher cost per row, and the budget could not hold their reads (figures:
-# docs/benchmarks.md, "Reader settings").
+# Bytes of a split's pool at most: a reader that serves 64 splits then holds the pools of
+# all of them within the default budget (``read_ahead_bytes``, 256 MiB). A pool of wide
+# rows' clumps would cut a reader's runs to a few rows each, which lance reads at a
+# higher cost per row, and the budget could not hold their reads.
 POOL_BYTES = 4 * 2**20
 
 

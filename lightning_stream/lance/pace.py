@@ -44,11 +44,10 @@ class ReadPace:
 # takes them; a window of long runs read by range scans held far more and ran slower).
 # Windows of wide rows grow to 64 MiB, so that each of the many clumps a window serves
 # from gives a run of more than a few rows (lance's cost per row falls with the run), in
-# four takes of about 16 MB on eight threads (32 MB takes cost more CPU a row). Two
+# four takes of about 16 MB on eight threads (larger takes cost more CPU a row). Two
 # windows in flight keep lance decoding the next while the main process makes batches of
 # the last. A worker reads one window of up to 16 MiB at a time: the rank's workers
 # together run about as many reads as its main process alone, in less memory.
-# Figures: docs/benchmarks.md, "Reader settings".
 LOCAL_PACE = ReadPace(
     io_threads=8,
     windows=2,
@@ -64,8 +63,9 @@ LOCAL_PACE = ReadPace(
 # runs of 1 MiB (whole clumps of light rows), read by range scans where they are long,
 # and full windows straight after the first one (which brings the first batch in). One
 # window in flight, of up to half the budget, holds the longest runs the budget allows
-# (fewer GETs than two windows of a third); its many reads at once hide the round trips.
-# A worker runs half as many, which two workers on one core run faster.
+# (two smaller windows would cut the runs shorter, in more GETs); its many reads at once
+# hide the round trips. A worker runs half as many at once, as the workers of a rank share
+# its cores.
 _REMOTE = ReadPace(
     io_threads=16,
     windows=1,

@@ -39,7 +39,7 @@ FIRST_READ_ROWS = 16
 # memory per row while it does, far more than the rows' own bytes for narrow rows, where a
 # range scan has a fixed cost per call and holds little beyond its rows (so long runs
 # are scanned where a pace says so). A window is read in several takes, on as many
-# threads. Figures: docs/benchmarks.md, "Reader settings".
+# threads.
 TAKE_ROWS = 2**16
 
 
