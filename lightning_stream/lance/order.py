@@ -22,7 +22,7 @@ from lightning_stream.plan import ReaderOrder
 
 # Rows per clump at most: a clump is read in a few large range reads (on an object store
 # about the table's bytes per epoch, where scattered rows fetch whole pages for each),
-# and lance takes a storage run at about half the CPU of scattered rows.
+# and lance takes a storage run at less CPU a row than scattered rows.
 CLUMP_ROWS = 4096
 # Clumps per split at least, so that a small table is still shuffled (with one clump per
 # split, a split would hold the same rows every epoch).
