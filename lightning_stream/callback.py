@@ -12,11 +12,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_stream import loop_state
-from lightning_stream.preemption import (
-    SigtermSync,
-    gather_through_store,
-    incomplete_checkpoint_message,
-)
+from lightning_stream.checkpoint_load import incomplete_checkpoint_message
+from lightning_stream.preemption import SigtermSync, gather_through_store
 from lightning_stream.provenance import provenance
 from lightning_stream.state import StreamState, merge
 from lightning_stream.stream import IncompleteStateError, ResumableStream, steps_to_skip
@@ -29,7 +26,29 @@ def find_stream(trainer: pl.Trainer) -> ResumableStream | None:
     return getattr(trainer.datamodule, "stream", None)
 
 
-class StreamStateCallback(Callback):
+class StreamBatchCallback(Callback):
+    """Base of the callbacks that follow the data module's stream batch by batch: after
+    every batch that went through ``training_step`` it runs :meth:`_batch_done` with the
+    stream (not at all when the trainer's data module has none)."""
+
+    @override
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        stream = find_stream(trainer)
+        if stream is not None:
+            self._batch_done(trainer, stream, batch)
+
+    def _batch_done(self, trainer: pl.Trainer, stream: ResumableStream, batch: Any) -> None:
+        """What the callback does once ``batch`` went through ``training_step``."""
+
+
+class StreamStateCallback(StreamBatchCallback):
     """Stores the data stream's exact position in every checkpoint and resumes from it.
 
     Works with :class:`~lightning_stream.LanceDataModule` and
@@ -44,7 +63,9 @@ class StreamStateCallback(Callback):
     - ``on_train_start`` / ``on_train_batch_end`` (DDP): SIGTERM is recorded by a
       handler that replaces Lightning's during ``fit``; after every training batch the
       ranks agree (one ``all_reduce`` of one integer) whether any rank was signalled, and
-      all stop at the end of that same batch (``lightning_stream.preemption``).
+      all stop at the end of that same batch (``lightning_stream.preemption``). That is
+      the step's one collective: Lightning's own per-batch broadcast of rank 0's SIGTERM
+      flag is turned off until ``on_train_end`` / ``on_exception``.
     - ``on_exception``: when every rank is interrupted at the same step (SIGTERM, a
       ``KeyboardInterrupt`` delivered to all at one step), the ranks' counts are
       gathered through the process group's key-value store, waiting at most
@@ -98,18 +119,9 @@ class StreamStateCallback(Callback):
                 " first batches in the same order every epoch (no reshuffle)"
             )
 
-    @override
-    def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
-        if self._stream is not None:
-            self._stream.commit_batch(last_batch=loop_state.is_last_batch(trainer))
-            self._sigterm.agree(trainer)
+    def _batch_done(self, trainer: pl.Trainer, stream: ResumableStream, batch: Any) -> None:
+        stream.commit_batch(last_batch=loop_state.is_last_batch(trainer))
+        self._sigterm.agree(trainer)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -132,10 +144,15 @@ class StreamStateCallback(Callback):
         log.debug("resumed stream: Lightning's batch counter set to %d", target)
 
     @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._sigterm.uninstall(trainer)
+
+    @override
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         self._gather_interrupted(trainer)
+        self._sigterm.uninstall(trainer)
 
     def _gather_interrupted(self, trainer: pl.Trainer) -> list[int] | None:
         """The merged progress of all ranks at an exception, or ``None`` (gathered once

@@ -1,8 +1,11 @@
-"""What every streaming data module shares: topology from the trainer, the callback."""
+"""What every streaming data module shares: topology from the trainer, the callback,
+``pin_memory``."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Checkpoint
@@ -10,6 +13,7 @@ from typing_extensions import override
 
 from lightning_stream.callback import StreamStateCallback
 from lightning_stream.checkpoint_load import name_load_errors
+from lightning_stream.pinning import PinnedLoader, resolve_pin_memory
 from lightning_stream.stream import ResumableStream
 
 log = logging.getLogger(__name__)
@@ -20,11 +24,29 @@ class StreamingDataModule(pl.LightningDataModule):
 
     Outside a ``Trainer`` (``dm.setup("fit")``, then iterating ``dm.train_dataloader()``)
     the module acts as rank 0 of 1 and each iteration is one epoch, starting at 0.
+
+    Args:
+        pin_memory: as ``DataLoader``'s (:mod:`lightning_stream.pinning`); default
+            ``False``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, pin_memory: bool = False) -> None:
         super().__init__()
+        if not isinstance(pin_memory, bool):
+            raise TypeError(f"pin_memory must be True or False, got {pin_memory!r}")
+        self.pin_memory = pin_memory
+        self._pins: bool | None = None
         self.stream: ResumableStream | None = None
+
+    def _pinned_batches(self) -> bool:
+        """Whether batches are pinned (decided, and warned about, once per module)."""
+        if self._pins is None:
+            self._pins = resolve_pin_memory(self.pin_memory, type(self).__name__)
+        return self._pins
+
+    def _pin_loader(self, loader: Iterable[Any]) -> Iterable[Any]:
+        """A validation, test or predict loader, pinned as ``pin_memory`` says."""
+        return PinnedLoader(loader) if self._pinned_batches() else loader
 
     def _rank_and_world(self) -> tuple[int, int]:
         trainer = self.trainer
@@ -42,6 +64,7 @@ class StreamingDataModule(pl.LightningDataModule):
             rank=rank,
             world_size=world_size,
             owner=type(self).__name__,
+            pin_memory=self._pinned_batches(),
         )
         self._attach_callback()
 
@@ -55,7 +78,8 @@ class StreamingDataModule(pl.LightningDataModule):
 
     def _attach_callback(self) -> None:
         """Add a StreamStateCallback to the trainer when the user did not, and have the
-        strategy name a checkpoint file that fails to load.
+        strategy name a checkpoint file that fails to load (a strategy whose
+        ``checkpoint_io`` cannot be wrapped is refused: :func:`name_load_errors`).
 
         Without it a resume would silently restart the epoch. It goes before the
         checkpoint callbacks so a batch is counted before a checkpoint saved at its end.
@@ -63,7 +87,7 @@ class StreamingDataModule(pl.LightningDataModule):
         trainer = self.trainer
         if trainer is None:
             return
-        name_load_errors(trainer.strategy)
+        name_load_errors(trainer.strategy, type(self).__name__)
         if any(isinstance(c, StreamStateCallback) for c in trainer.callbacks):
             return
         position = next(
@@ -78,3 +102,10 @@ class StreamingDataModule(pl.LightningDataModule):
         if self.stream is None:
             raise RuntimeError(f"call {type(self).__name__}.setup('fit') before train_dataloader()")
         return self.stream.loader()
+
+
+def check_positive(**values: Any) -> None:
+    """Raise ``ValueError`` naming the first argument that is not a positive integer."""
+    for name, value in values.items():
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")

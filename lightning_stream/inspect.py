@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from lightning_stream.callback import StreamStateCallback
+from lightning_stream.state import STATE_KEY
 from lightning_stream.storage import fsspec_options, is_remote, storage_error
 
 
@@ -54,7 +54,7 @@ def read_stream_record(
         checkpoint = torch.load(source, map_location="cpu", weights_only=False, **options)
     except Exception as exc:
         raise ValueError(f"{path} is not a readable torch checkpoint: {exc}") from exc
-    state = checkpoint.get("callbacks", {}).get(StreamStateCallback.__qualname__)
+    state = checkpoint.get("callbacks", {}).get(STATE_KEY)
     if not state:
         raise ValueError(f"{path} holds no lightning-stream state (no StreamStateCallback)")
     return {"checkpoint": str(path), "global_step": checkpoint.get("global_step"), **state}

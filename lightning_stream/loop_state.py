@@ -3,7 +3,8 @@
 Lightning has no public way to say "this epoch has N batches left", "this is epoch E
 again" or "stop every rank after this batch"; the stream needs all three. What is touched
 here (``fit_loop.epoch_progress``, ``fit_loop.epoch_loop.batch_progress``, the epoch
-loop's restart stage, the signal connector's SIGTERM flag and handler) is private, so CI
+loop's restart stage and its per-batch SIGTERM broadcast, the signal connector's SIGTERM
+flag and handler) is private, so CI
 runs the resume tests against the oldest Lightning the package allows as well as the
 newest (``.ci/run``), which catches a change in it.
 """
@@ -60,3 +61,22 @@ def mark_sigterm(trainer: pl.Trainer) -> None:
     is set, which runs ``on_exception`` (and ``OnExceptionCheckpoint``) on every rank.
     """
     trainer._signal_connector.received_sigterm = True
+
+
+def skip_sigterm_broadcast(trainer: pl.Trainer, skip: bool) -> None:
+    """Turn off (``skip``) or back on the broadcast of rank 0's received-SIGTERM flag that
+    Lightning's epoch loop runs before every training batch under DDP.
+
+    ``_broadcast_sigterm_tensor`` is a method of the epoch loop; skipping shadows it on
+    this trainer's loop with one that does nothing, and turning it back on removes the
+    shadow. A Lightning without the method has no such broadcast: nothing to skip.
+    """
+    epoch_loop = trainer.fit_loop.epoch_loop
+    if skip and hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
+        epoch_loop._broadcast_sigterm_tensor = _no_broadcast
+    else:
+        vars(epoch_loop).pop("_broadcast_sigterm_tensor", None)
+
+
+def _no_broadcast() -> None:
+    """Stands in for Lightning's per-batch SIGTERM broadcast while it is skipped."""

@@ -6,15 +6,15 @@ import time
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_stream.batching import batch_len
-from lightning_stream.callback import find_stream
+from lightning_stream.callback import StreamBatchCallback
+from lightning_stream.stream import ResumableStream
 
 
-class LoaderMonitor(Callback):
+class LoaderMonitor(StreamBatchCallback):
     """Logs the data wait of every training step through ``LightningModule.log``.
 
     Hooks: ``on_train_batch_start`` notes when the step began (right after the loader
@@ -55,18 +55,7 @@ class LoaderMonitor(Callback):
     ) -> None:
         self._step_start = time.perf_counter()
 
-    @override
-    def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
-        stream = find_stream(trainer)
-        if stream is None:
-            return
+    def _batch_done(self, trainer: pl.Trainer, stream: ResumableStream, batch: Any) -> None:
         wait = stream.last_wait
         total = wait + time.perf_counter() - self._step_start
         self._epoch_wait += wait
@@ -78,7 +67,9 @@ class LoaderMonitor(Callback):
             "loader/samples_per_s": samples / total if total else 0.0,
         }
         metrics.update({f"loader/{k}": float(v) for k, v in stream.counters().items()})
-        pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=samples or 1)
+        trainer.lightning_module.log_dict(
+            metrics, on_step=True, on_epoch=False, batch_size=samples or 1
+        )
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

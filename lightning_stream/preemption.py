@@ -12,6 +12,14 @@ end of every training batch the ranks agree with one ``all_reduce`` of one integ
 whether any was signalled, and all of them then raise Lightning's ``SIGTERMException``
 at the end of the same batch.
 
+**One collective a step.** Lightning also broadcasts rank 0's received-SIGTERM flag
+before every training batch, a collective and a host sync of its own. It cannot stand in
+for the agreement, since it carries rank 0's signal only (a preempted node of a
+multi-node job signals the ranks of that node alone); and while :class:`SigtermSync`
+handles the signal, that flag is set only by the agreement, on every rank at once, so the
+broadcast carries nothing. :class:`SigtermSync` turns it off for the length of ``fit``:
+the agreement is the step's one collective.
+
 **Gathering without a collective.** After the exception each rank runs
 ``on_exception``. A rank that failed alone does so while the others wait in a training
 collective, where another collective would hang; so the ranks meet in the process
@@ -26,7 +34,6 @@ import logging
 import signal
 import threading
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -36,8 +43,6 @@ import torch.distributed as dist
 from lightning_stream import loop_state
 
 log = logging.getLogger(__name__)
-
-STATE_KEY = "StreamStateCallback"
 
 
 def gather_through_store(
@@ -92,13 +97,21 @@ class SigtermSync:
                 handler(signum, frame)
 
         signal.signal(signal.SIGTERM, record)
+        loop_state.skip_sigterm_broadcast(trainer, True)
         self._installed = True
+
+    def uninstall(self, trainer: pl.Trainer) -> None:
+        """When ``fit``'s training ends: Lightning's per-batch broadcast runs again in a
+        later ``fit`` of the trainer (which restores the SIGTERM handler itself)."""
+        if self._installed:
+            loop_state.skip_sigterm_broadcast(trainer, False)
+            self._installed = False
 
     def agree(self, trainer: pl.Trainer) -> None:
         """After a training batch: if any rank was signalled, every rank stops now.
 
-        One ``all_reduce`` of one integer per batch, like the per-batch ``broadcast``
-        Lightning itself runs for the same purpose.
+        One ``all_reduce`` of one integer and one host sync per batch, in place of the
+        per-batch ``broadcast`` Lightning runs for the same purpose (see the module).
         """
         if not self._installed:
             return
@@ -106,40 +119,3 @@ class SigtermSync:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if flag.item():
             loop_state.mark_sigterm(trainer)
-
-
-def is_complete(path: Path) -> bool:
-    """Whether ``path`` is a checkpoint whose stream state holds every rank's progress."""
-    try:
-        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
-    except Exception:
-        return False
-    state = checkpoint.get("callbacks", {}).get(STATE_KEY) or {}
-    return bool(state.get("complete"))
-
-
-def newest_complete_beside(path: str | Path) -> Path | None:
-    """The most recently written complete checkpoint in the directory of ``path``."""
-    path = Path(path)
-    if not path.parent.is_dir():
-        return None
-    others = [p for p in path.parent.glob("*.ckpt") if p.resolve() != path.resolve()]
-    for candidate in sorted(others, key=lambda p: p.stat().st_mtime, reverse=True):
-        if is_complete(candidate):
-            return candidate
-    return None
-
-
-def incomplete_checkpoint_message(path: str | Path) -> str:
-    """What to tell a user whose resume hit a checkpoint one rank wrote alone."""
-    newest = newest_complete_beside(path)
-    instead = (
-        f"resume with ckpt_path={str(newest)!r}, the newest complete checkpoint beside it"
-        if newest is not None
-        else "no complete checkpoint is beside it; resume from one that all ranks saved"
-    )
-    return (
-        f"{path} was written by one rank alone (after an exception on that rank), so it"
-        f" lacks the other ranks' progress and cannot resume exactly; {instead} (delete or"
-        " move the incomplete file if ckpt_path='last' or None picked it)"
-    )

@@ -16,6 +16,8 @@ from typing import Any
 # 2: the epoch order of lightning_stream.placement (1: lancedb's permutation of rows,
 # lightning-stream 0.1)
 FORMAT = 2
+# Where a checkpoint holds the record: StreamStateCallback's state key, under "callbacks"
+STATE_KEY = "StreamStateCallback"
 # A setting recorded as left at its default (``None``), whose value follows from the data
 # (e.g. the clump size from the table's rows): the same data gives the same value.
 DEFAULT = "default"

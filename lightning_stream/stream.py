@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from lightning_stream.batching import Batch, batch_len, drop_skipped, rechunk
+from lightning_stream.pinning import pin_batch
 from lightning_stream.plan import RankEpochPlan, full_epoch_steps
 from lightning_stream.state import StreamState, check_identity
 
@@ -67,6 +68,9 @@ class ResumableStream:
         rank: this process's rank.
         world_size: processes in the run.
         owner: the data module's name, used in error messages.
+        pin_memory: pin each training batch in page-locked memory when it leaves the
+            loader (:mod:`lightning_stream.pinning`); default ``False``. Which rows form
+            a batch does not depend on it.
 
     Attributes:
         lightning_epoch: Lightning's epoch counter, when a ``Trainer`` runs the stream
@@ -88,8 +92,10 @@ class ResumableStream:
         rank: int,
         world_size: int,
         owner: str,
+        pin_memory: bool = False,
     ) -> None:
         self.source = source
+        self.pin_memory = pin_memory
         self._batch_size = batch_size
         self.num_workers = num_workers
         self.rank = rank
@@ -316,6 +322,8 @@ class _LazyEpoch(Iterator[Batch]):
         if self._batches is None:
             self._batches = stream.batches(stream.start_epoch())
         batch = next(self._batches)
+        if stream.pin_memory:
+            batch = pin_batch(batch)
         stream.last_wait = time.perf_counter() - started
         return batch
 

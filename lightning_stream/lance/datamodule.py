@@ -12,7 +12,7 @@ from typing_extensions import override
 
 from lightning_stream.allocator import keep_read_buffers
 from lightning_stream.batching import Batch
-from lightning_stream.datamodule import StreamingDataModule
+from lightning_stream.datamodule import StreamingDataModule, check_positive
 from lightning_stream.lance.evaluation import EvaluationLoader
 from lightning_stream.lance.order import CLUMP_ROWS
 from lightning_stream.lance.source import LanceSource
@@ -121,6 +121,10 @@ class LanceDataModule(StreamingDataModule):
             ``None`` (lance reads the ``AWS_*`` environment variables). They are never
             written to checkpoints, logs or error messages: the stream's identity holds
             ``uri`` only.
+        pin_memory: as ``DataLoader``'s: with an accelerator, every batch (training,
+            validation, test, predict) is copied into page-locked memory in the training
+            process, for Lightning's ``non_blocking`` copy to the device; without one, a
+            warning once and no effect. Default ``False``; the batches' rows do not change.
     """
 
     def __init__(
@@ -146,13 +150,14 @@ class LanceDataModule(StreamingDataModule):
         shuffle_clump_size: int | None = None,
         read_ahead_bytes: int = 256 * 2**20,
         storage_options: dict[str, str] | None = None,
+        pin_memory: bool = False,
     ) -> None:
-        super().__init__()
+        super().__init__(pin_memory)
         check_options(storage_options)
-        _check_positive(num_splits=num_splits, batch_size=batch_size)
-        _check_positive(read_ahead_bytes=read_ahead_bytes)
+        check_positive(num_splits=num_splits, batch_size=batch_size)
+        check_positive(read_ahead_bytes=read_ahead_bytes)
         if shuffle_clump_size is not None:
-            _check_positive(shuffle_clump_size=shuffle_clump_size)
+            check_positive(shuffle_clump_size=shuffle_clump_size)
         if num_workers < 0:
             raise ValueError(f"num_workers must be 0 or more, got {num_workers}")
         for stage, given in (
@@ -320,29 +325,24 @@ class LanceDataModule(StreamingDataModule):
             )
             return []
         rank, world_size = self._rank_and_world()
-        return EvaluationLoader(self._val, rank, world_size, self.batch_size)
+        return self._pin_loader(EvaluationLoader(self._val, rank, world_size, self.batch_size))
 
     @override
-    def test_dataloader(self) -> EvaluationLoader:
+    def test_dataloader(self) -> Any:
         """This rank's part of the test rows (``test_filter`` / ``test_table``)."""
         return self._evaluation_loader("test")
 
     @override
-    def predict_dataloader(self) -> EvaluationLoader:
+    def predict_dataloader(self) -> Any:
         """This rank's part of the rows to predict (default: the training rows)."""
         return self._evaluation_loader("predict")
 
-    def _evaluation_loader(self, stage: str) -> EvaluationLoader:
+    def _evaluation_loader(self, stage: str) -> Any:
         if stage not in self._evaluation:
             self._evaluation[stage] = self._evaluation_source(stage)
         rank, world_size = self._rank_and_world()
-        return EvaluationLoader(self._evaluation[stage], rank, world_size, self.batch_size)
-
-
-def _check_positive(**values: int) -> None:
-    for name, value in values.items():
-        if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        loader = EvaluationLoader(self._evaluation[stage], rank, world_size, self.batch_size)
+        return self._pin_loader(loader)
 
 
 def _normalise_uri(uri: str) -> str:

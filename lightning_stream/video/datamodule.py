@@ -11,7 +11,7 @@ import pyarrow.fs as pafs
 import torch
 from typing_extensions import override
 
-from lightning_stream.datamodule import StreamingDataModule
+from lightning_stream.datamodule import StreamingDataModule, check_positive
 from lightning_stream.plan import check_topology
 from lightning_stream.storage import (
     StorageError,
@@ -113,6 +113,11 @@ class VideoEpisodeDataModule(StreamingDataModule):
         filesystem: a ready ``pyarrow.fs.FileSystem`` holding ``root`` (then ``root`` is a
             path on it; a ``scheme://`` prefix is dropped), for stores or settings that
             ``storage_options`` does not cover; default ``None``.
+        pin_memory: as ``DataLoader``'s: with an accelerator, every training batch is
+            copied into page-locked memory in the training process, for Lightning's
+            ``non_blocking`` copy to the device (the decoded frames are most of a batch's
+            bytes); without one, a warning once and no effect. Default ``False``; which
+            windows form a batch does not change.
     """
 
     def __init__(
@@ -136,15 +141,14 @@ class VideoEpisodeDataModule(StreamingDataModule):
         on_decode_error: str = "raise",
         storage_options: dict[str, str] | None = None,
         filesystem: pafs.FileSystem | None = None,
+        pin_memory: bool = False,
     ) -> None:
-        super().__init__()
+        super().__init__(pin_memory)
         check_options(storage_options)
         if storage_options and filesystem is not None:
             raise ValueError("pass storage_options or filesystem, not both")
-        for name, value in (("num_splits", num_splits), ("batch_size", batch_size),
-                            ("episode_pool_size", episode_pool_size)):  # fmt: skip
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_positive(num_splits=num_splits, batch_size=batch_size)
+        check_positive(episode_pool_size=episode_pool_size)
         if episodes is not None and not len(episodes):
             raise ValueError(
                 "episodes=[] selects no episode: pass the episode indices to train on, or"
@@ -200,11 +204,15 @@ class VideoEpisodeDataModule(StreamingDataModule):
             raise storage_error(self.root, exc, self.storage_options) from None
         self.stats = stats_tensors(source.reader.dataset.stats)
         self._check_keys(source)
+        frames = source.split_len * self.spec.num_splits + source.dropped
         log.info(
             "%s: %d frames in %d splits of %d; %d frames per epoch left out",
-            self.root, source.split_len * self.spec.num_splits + source.dropped,
-            self.spec.num_splits, source.split_len, source.dropped,
-        )  # fmt: skip
+            self.root,
+            frames,
+            self.spec.num_splits,
+            source.split_len,
+            source.dropped,
+        )
         self._start_stream(source, self.num_workers)
         if self.num_workers:
             source.start_workers(self.num_workers, self._served_batch_size())
