@@ -19,10 +19,13 @@ an object store, minutes of training) and name the test that covers them.
 
 The pages' references to tests (``test_x.py::test_name``) must name tests that exist,
 and the API page must render every public name of ``lightning_stream.__all__``.
+``docs/benchmarks.md`` must be what ``benchmarks/report.py`` renders from the results files
+of ``benchmarks/results`` (no benchmark runs here).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -114,9 +117,13 @@ def test_python_block_runs(block: Block, tmp_path: Path) -> None:
     script = tmp_path / "block.py"
     script.write_text(block.text, encoding="utf-8")
     result = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=run_env(tmp_path),
-        capture_output=True, text=True, timeout=TIMEOUT_S,
-    )  # fmt: skip
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=run_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     check_ran(result, block)
 
 
@@ -146,9 +153,13 @@ def test_bash_block_runs_or_is_what_ci_runs(block: Block, tmp_path: Path) -> Non
     if not rest:
         return
     result = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", "\n".join(rest)], cwd=tmp_path,
-        env=run_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S,
-    )  # fmt: skip
+        ["bash", "-euo", "pipefail", "-c", "\n".join(rest)],
+        cwd=tmp_path,
+        env=run_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     check_ran(result, block)
 
 
@@ -190,4 +201,15 @@ def test_api_page_renders_every_public_name() -> None:
 
 def test_readme_is_a_front_door() -> None:
     lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
-    assert lines < 250, f"README.md has {lines} lines: move detail into docs/"
+    assert lines <= 150, f"README.md has {lines} lines: move detail into docs/"
+
+
+def test_benchmarks_page_is_what_the_results_render() -> None:
+    path = ROOT / "benchmarks" / "report.py"
+    spec = importlib.util.spec_from_file_location("benchmarks_report", path)
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert page == report.render(report.load()), (
+        "docs/benchmarks.md is not what the results files render: run python benchmarks/report.py"
+    )
