@@ -15,6 +15,11 @@ serves moto's S3 with these additions:
   object GET since the last reset (times from the server's monotonic clock), from which
   the reads in flight and their sizes follow; ``GET /_cpu`` gives the CPU seconds (user
   and system) the server process has used, for a benchmark on the same host.
+- Waits a test can see: ``GET /_waiting`` gives the number of requests waiting now (for
+  their latency or under the bandwidth cap), ``PUT /_waiting`` holds every request's
+  latency wait from then on until ``DELETE /_waiting``, which also ends every wait in
+  progress at once. So a test checks that requests wait, and wait together, by counting
+  them while they wait, not by timing them.
 - Cores: ``--cpus`` keeps the server on those cores (all its threads), so that a
   benchmark can leave the others to the reader, as a real store's CPU is not on the
   reader's host.
@@ -71,6 +76,7 @@ BYTES_PATH = "/_bytes_served"
 WHOLE_GETS_PATH = "/_whole_gets"
 REQUESTS_PATH = "/_requests"
 CPU_PATH = "/_cpu"
+WAITING_PATH = "/_waiting"
 LATENCY_MS = 20.0  # the per-request latency tests and benchmarks ask for
 PACE_BYTES = 64 * 2**10  # a capped body is sent in pieces of this size
 
@@ -104,6 +110,14 @@ def requests_served(endpoint: str) -> list[tuple[float, float, int]]:
     """``(start_s, duration_s, body_bytes)`` of every object GET since the last reset."""
     with urllib.request.urlopen(endpoint + REQUESTS_PATH, timeout=30) as response:
         return [tuple(r) for r in json.loads(response.read())]
+
+
+def waiting(endpoint: str, method: str = "GET") -> int:
+    """Requests waiting now at the server at ``endpoint`` (``PUT``: hold every latency wait
+    from now on; ``DELETE``: end every wait now and hold none)."""
+    request = urllib.request.Request(endpoint + WAITING_PATH, method=method)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return int(response.read())
 
 
 def cpu_seconds(endpoint: str) -> float:
@@ -210,6 +224,18 @@ class S3Server:
     def requests(self) -> list[tuple[float, float, int]]:
         return requests_served(self.endpoint)
 
+    def waiting(self) -> int:
+        """Requests waiting now (for their latency or under the bandwidth cap)."""
+        return waiting(self.endpoint)
+
+    def hold(self) -> None:
+        """Hold every request's latency wait from now on, until :meth:`release`."""
+        waiting(self.endpoint, "PUT")
+
+    def release(self) -> None:
+        """End every wait now, and hold no more."""
+        waiting(self.endpoint, "DELETE")
+
     def whole_object_gets(self) -> list[str]:
         """Paths of the objects read whole (a GET without ``Range``) since the start."""
         with urllib.request.urlopen(self.endpoint + WHOLE_GETS_PATH, timeout=5) as response:
@@ -231,13 +257,56 @@ class S3Server:
         import pyarrow.fs as pafs
 
         s3 = pafs.S3FileSystem(
-            access_key=ACCESS_KEY, secret_key=SECRET_KEY, region=REGION,
-            endpoint_override=f"127.0.0.1:{self.port}", scheme="http",
-        )  # fmt: skip
+            access_key=ACCESS_KEY,
+            secret_key=SECRET_KEY,
+            region=REGION,
+            endpoint_override=f"127.0.0.1:{self.port}",
+            scheme="http",
+        )
         pafs.copy_files(str(local), url.removeprefix("s3://"), destination_filesystem=s3)
 
 
-async def _send_paced(writer: asyncio.StreamWriter, body: bytes, bytes_per_s: float) -> None:
+class _Waits:
+    """The server's waits (a request's latency, a capped body's pauses): counted while they
+    last, held on request, ended early on request."""
+
+    def __init__(self) -> None:
+        self.held = False
+        self.pending: set[asyncio.Future] = set()
+
+    async def wait(self, seconds: float, holdable: bool = False) -> None:
+        """``seconds``, or, ``holdable`` while held, until :meth:`release`."""
+        held = holdable and self.held
+        if seconds <= 0 and not held:
+            return
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        timer = None if held else loop.call_later(seconds, _finish, done)
+        self.pending.add(done)
+        try:
+            await done
+        finally:
+            self.pending.discard(done)
+            if timer is not None:
+                timer.cancel()
+
+    def count(self) -> int:
+        return sum(not done.done() for done in self.pending)
+
+    def release(self) -> None:
+        self.held = False
+        for done in self.pending:
+            _finish(done)
+
+
+def _finish(done: asyncio.Future) -> None:
+    if not done.done():
+        done.set_result(None)
+
+
+async def _send_paced(
+    writer: asyncio.StreamWriter, body: bytes, bytes_per_s: float, waits: _Waits
+) -> None:
     """Write ``body`` in pieces, no faster than ``bytes_per_s``."""
     start, sent = time.monotonic(), 0
     for offset in range(0, len(body), PACE_BYTES):
@@ -245,7 +314,7 @@ async def _send_paced(writer: asyncio.StreamWriter, body: bytes, bytes_per_s: fl
         sent += len(piece)
         ahead = start + sent / bytes_per_s - time.monotonic()
         if ahead > 0:
-            await asyncio.sleep(ahead)
+            await waits.wait(ahead)
         writer.write(piece)
         await writer.drain()
 
@@ -452,6 +521,7 @@ def _serve(port: int, latency_ms: float, bandwidth_mb_s: float | None, fast_rang
     whole: list[str] = []
     log: list[tuple[float, float, int]] = []
     sending = [0]  # object GETs whose body is still being written, so not yet logged
+    waits = _Waits()
 
     def text(writer: asyncio.StreamWriter, body: str) -> None:
         data = body.encode()
@@ -467,6 +537,12 @@ def _serve(port: int, latency_ms: float, bandwidth_mb_s: float | None, fast_rang
             while sending[0] and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             return text(writer, json.dumps(log))
+        if path == WAITING_PATH:
+            if request.method == "PUT":
+                waits.held = True
+            elif request.method == "DELETE":
+                waits.release()
+            return text(writer, str(waits.count()))
         if path == CPU_PATH:
             used = os.times()
             return text(writer, str(used.user + used.system))
@@ -476,8 +552,7 @@ def _serve(port: int, latency_ms: float, bandwidth_mb_s: float | None, fast_rang
                 log.clear()
             return text(writer, str(served[0]))
         start = time.monotonic()
-        if latency_ms > 0:
-            await asyncio.sleep(latency_ms / 1000)
+        await waits.wait(latency_ms / 1000, holdable=True)
         ranged = request.header("range")
         reply = None
         if fast_ranges and request.method == "GET" and ranged:
@@ -500,7 +575,7 @@ def _serve(port: int, latency_ms: float, bandwidth_mb_s: float | None, fast_rang
             writer.write(_reply_head(status, headers, len(body)))
             if bandwidth_mb_s is not None:
                 body = body.read() if isinstance(body, _FileRange) else body
-                await _send_paced(writer, body, bandwidth_mb_s * 1e6)
+                await _send_paced(writer, body, bandwidth_mb_s * 1e6, waits)
             elif isinstance(body, _FileRange):
                 await _send_file_range(writer.transport, body)
             else:

@@ -107,19 +107,29 @@ def test_a_second_fit_on_the_same_trainer_is_the_next_epoch(table_dir, tmp_path)
 
 
 def test_no_epoch_is_begun_after_max_epochs(table_dir, tmp_path):
-    # the reading thread begins the epoch that follows once one is read, except after the
-    # run's last: those reads (requests, egress) would never be used
+    """The reading thread begins the epoch that follows once one is read, except after the
+    run's last: those reads (requests, egress) would never be used. What the stream asks
+    of its source says so: each epoch's rows come with the epoch to prepare next
+    (``upcoming``), and the last epoch's with none; and once ``fit`` is over (the reading
+    thread stopped and joined at teardown) the rows read are the two epochs' exactly."""
     dm, model = module(table_dir), LedgerModel(str(tmp_path / "ledger"))
-    rows_read = []
+    asked = []  # (epoch read, epoch the source is told to prepare next)
 
-    class RowsRead(pl.Callback):
-        def on_train_end(self, trainer, pl_module):
-            time.sleep(0.5)  # an epoch begun would be read by now: 240 rows of 16 floats
-            rows_read.append(dm.stream.source.counters()["rows_read"])
+    class Asked(pl.Callback):
+        def on_fit_start(self, trainer, pl_module):
+            source = trainer.datamodule.stream.source
+            chunks = source.chunks
 
-    trainer(max_epochs=2, callbacks=[StreamStateCallback(), RowsRead()]).fit(model, datamodule=dm)
+            def recorded(epoch, consumed, plan, upcoming=None):
+                asked.append((epoch, upcoming and upcoming[0]))
+                return chunks(epoch, consumed, plan, upcoming)
+
+            source.chunks = recorded
+
+    trainer(max_epochs=2, callbacks=[StreamStateCallback(), Asked()]).fit(model, datamodule=dm)
     assert_exact(ledger.read(tmp_path / "ledger"), epochs=2)
-    assert rows_read == [2 * ROWS]
+    assert asked == [(0, 1), (1, None)]
+    assert dm.stream.source.counters()["rows_read"] == 2 * ROWS
 
 
 def test_max_steps_stop_then_resume_with_max_epochs_trains_whole_epochs(table_dir, tmp_path):
@@ -200,8 +210,9 @@ def _entries(lines):
 
 
 def test_test_and_predict_over_2_processes_read_each_row_once(table_dir):
-    out, command = train_command(table_dir, "evaluate", "--devices", "2", "--evaluate",
-                                 module="tests.loop_run")  # fmt: skip
+    out, command = train_command(
+        table_dir, "evaluate", "--devices", "2", "--evaluate", module="tests.loop_run"
+    )
     code, stderr = _run_job(command)
     assert code == 0, stderr[-4000:]
     expected = {"test": [i for i in range(ROWS) if i % 7], "predict": list(range(ROWS))}
@@ -258,7 +269,10 @@ def test_a_checkpoint_one_rank_wrote_alone_names_the_complete_one_beside_it(tabl
     torch.save(checkpoint, alone)
     resumed = trainer(max_epochs=1)
     with pytest.raises(ValueError, match="written by one rank alone") as error:
-        resumed.fit(LedgerModel(str(tmp_path / "ledger")), datamodule=module(table_dir),
-                    ckpt_path=str(alone))  # fmt: skip
+        resumed.fit(
+            LedgerModel(str(tmp_path / "ledger")),
+            datamodule=module(table_dir),
+            ckpt_path=str(alone),
+        )
     assert str(alone) in str(error.value)
     assert f"resume with ckpt_path={str(complete)!r}" in str(error.value)

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,7 +27,7 @@ from lightning_stream.video.datamodule import VideoEpisodeDataModule
 from lightning_stream.video.synthetic import write_dataset
 
 from .conftest import ENV, ROOT, ROWS, assert_exact, train_command
-from .s3_server import LATENCY_MS, S3Server, free_port, requests_served
+from .s3_server import LATENCY_MS, PACE_BYTES, S3Server, free_port, requests_served
 from .test_video_datamodule import LENGTHS
 
 BUCKET = "lightning-stream"
@@ -44,24 +45,43 @@ def s3(tmp_path_factory):
         yield server
 
 
+def wait_for(condition, what: str, within: float = 120.0) -> None:
+    """Return once ``condition()`` holds; fail naming ``what`` if it has not in ``within``
+    seconds (a guard against a hang: the test asserts the condition, not the time)."""
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not in {within:.0f} s"
+        time.sleep(0.01)
+
+
 def test_the_server_waits_before_each_answer_without_holding_up_the_others(s3):
-    """8 range reads at once take about one latency, not eight; each is logged."""
+    """8 range reads sent at once all wait at the server together, none answered while
+    they wait (a server that waited for one at a time would never have 8 waiting); once
+    their waits end, each gets its own bytes and is logged."""
     fs, path = pyarrow_filesystem(f"s3://{BUCKET}/latency-probe", s3.storage_options())
+    data = os.urandom(4096)
     with fs.open_output_stream(path) as out:
-        out.write(b"x" * 4096)
+        out.write(data)
     probe = fs.open_input_file(path)
     s3.bytes_served(reset=True)
-    start = time.monotonic()
-    threads = [threading.Thread(target=probe.read_at, args=(512, 512 * i)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.monotonic() - start
-    assert LATENCY_MS / 1000 <= elapsed < 6 * LATENCY_MS / 1000, elapsed  # 8 in turn: 8x
-    logged = requests_served(s3.endpoint)
-    assert [size for _, _, size in logged] == [512] * 8
-    assert all(duration >= LATENCY_MS / 1000 for _, duration, _ in logged)
+    got: dict[int, bytes] = {}
+
+    def read(i: int) -> None:
+        got[i] = probe.read_at(512, 512 * i)
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(8)]
+    s3.hold()
+    try:
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: s3.waiting() == 8, "8 range reads waiting at the server at once")
+        assert s3.bytes_served() == 0 and not got, "nothing is answered before its wait ends"
+    finally:
+        s3.release()
+        for thread in threads:
+            thread.join(timeout=120)
+    assert got == {i: data[512 * i : 512 * (i + 1)] for i in range(8)}
+    assert [size for _, _, size in requests_served(s3.endpoint)] == [512] * 8
     assert s3.bytes_served() == 8 * 512
 
 
@@ -87,13 +107,23 @@ def test_ranges_of_an_object_kept_in_a_file_are_its_bytes(s3):
     assert s3.bytes_served() == sum(n for _, n in RANGES)
 
 
-def test_a_capped_server_sends_an_object_kept_in_a_file_no_faster_than_its_cap(tmp_path):
-    with S3Server(log=tmp_path / "moto.log", bandwidth_mb_s=40) as capped:
+def test_a_capped_server_holds_back_a_body_its_cap_does_not_allow_yet(tmp_path):
+    """At a cap of 1 KB/s a range read's one 64 KiB piece is due in over a minute: the
+    request is seen waiting at the server; once its wait is ended it gets the object's
+    bytes. Uncapped, the same read would not wait at all (the server has no latency)."""
+    with S3Server(log=tmp_path / "moto.log", bandwidth_mb_s=0.001) as capped:
         capped.create_bucket(BUCKET)
         probe, data = write_object(capped, "big-probe", 6 * 2**20)
-        start = time.monotonic()
-        assert probe.read_at(2 * 10**6, 4096) == data[4096 : 4096 + 2 * 10**6]
-        assert time.monotonic() - start >= 2 / 40
+        got = []
+        reader = threading.Thread(target=lambda: got.append(probe.read_at(PACE_BYTES, 4096)))
+        reader.start()
+        try:
+            wait_for(lambda: capped.waiting() == 1 or not reader.is_alive(), "a capped read")
+            assert capped.waiting() == 1 and not got, "the body waits for its cap"
+        finally:
+            capped.release()
+            reader.join(timeout=120)
+        assert got == [data[4096 : 4096 + PACE_BYTES]]
 
 
 def epoch_ids(dm):
@@ -104,9 +134,13 @@ def epoch_ids(dm):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_one_epoch_of_a_table_on_s3_is_exact(s3, workers):
     dm = LanceDataModule(
-        TABLE, "samples", num_splits=12, batch_size=5, num_workers=workers,
+        TABLE,
+        "samples",
+        num_splits=12,
+        batch_size=5,
+        num_workers=workers,
         storage_options=s3.storage_options(SECRET),
-    )  # fmt: skip
+    )
     counts = epoch_ids(dm)
     assert sorted(counts) == list(range(ROWS)) and set(counts.values()) == {1}
     assert dm.stream.source.shuffle_clump_size == clump_rows(None, ROWS, 12) > 1  # the default
@@ -154,8 +188,11 @@ def test_killed_run_resumes_exactly_from_an_s3_checkpoint_and_leaks_no_secret(s3
     assert result.returncode == 0, result.stderr[-4000:]
     inspected = subprocess.run(
         [sys.executable, "-m", "lightning_stream.cli", "inspect", last, "--json"],
-        env=env, cwd=ROOT, capture_output=True, timeout=60,
-    )  # fmt: skip
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        timeout=60,
+    )
     assert inspected.returncode == 0, inspected.stderr[-2000:]
     assert TABLE.encode() in inspected.stdout
     shown = render(last, False, s3.storage_options(SECRET))  # options, not the environment
@@ -185,6 +222,17 @@ def test_killed_run_resumes_exactly_from_an_s3_checkpoint_and_leaks_no_secret(s3
         assert secret not in stream
 
 
+def table_module(uri: str, options: dict, sidecars: Path) -> LanceDataModule:
+    return LanceDataModule(uri, "samples", num_splits=12, batch_size=5, storage_options=options)
+
+
+def video_module(uri: str, options: dict, sidecars: Path) -> VideoEpisodeDataModule:
+    settings = {"num_splits": 12, "batch_size": 5, "sidecar_dir": str(sidecars)}
+    return VideoEpisodeDataModule(
+        uri, delta_timestamps={FRONT: [0.0]}, storage_options=options, **settings
+    )
+
+
 def test_unreachable_stores_fail_at_setup_naming_the_uri_and_the_option(s3, tmp_path):
     options = s3.storage_options(SECRET)
     wrong_endpoint = {**options, "aws_endpoint": f"http://127.0.0.1:{free_port()}"}
@@ -193,35 +241,19 @@ def test_unreachable_stores_fail_at_setup_naming_the_uri_and_the_option(s3, tmp_
         (TABLE, wrong_endpoint, "'aws_endpoint'"),
     ]
     for uri, storage_options, hint in cases:
-        dm = LanceDataModule(
-            uri, "samples", num_splits=12, batch_size=5, storage_options=storage_options
-        )
-        with pytest.raises(StorageError) as error:
-            dm.setup("fit")
-        message = str(error.value)
-        assert uri in message and hint in message and SECRET not in message, message
-        video = VideoEpisodeDataModule(
-            uri, delta_timestamps={FRONT: [0.0]}, num_splits=12, batch_size=5,
-            storage_options=storage_options, sidecar_dir=str(tmp_path),
-        )  # fmt: skip
-        with pytest.raises(StorageError) as error:
-            video.setup("fit")
-        message = str(error.value)
-        assert uri in message and hint in message and SECRET not in message, message
+        for make in (table_module, video_module):
+            with pytest.raises(StorageError) as error:
+                make(uri, storage_options, tmp_path).setup("fit")
+            message = str(error.value)
+            assert uri in message and hint in message and SECRET not in message, message
 
 
 def test_refused_credentials_fail_at_setup_naming_the_uri_and_the_option(tmp_path):
     with S3Server(check_credentials=True) as refusing:
         options = refusing.storage_options(SECRET)
-        for uri, make in (
-            (TABLE, lambda uri: LanceDataModule(
-                uri, "samples", num_splits=12, batch_size=5, storage_options=options)),
-            (f"s3://{BUCKET}/lerobot", lambda uri: VideoEpisodeDataModule(
-                uri, delta_timestamps={FRONT: [0.0]}, num_splits=12, batch_size=5,
-                storage_options=options, sidecar_dir=str(tmp_path))),
-        ):  # fmt: skip
+        for uri, make in ((TABLE, table_module), (f"s3://{BUCKET}/lerobot", video_module)):
             with pytest.raises(StorageError) as error:
-                make(uri).setup("fit")
+                make(uri, options, tmp_path).setup("fit")
             message = str(error.value)
             assert uri in message and "credentials were missing or refused" in message
             assert "'aws_secret_access_key'" in message and SECRET not in message, message
@@ -239,10 +271,14 @@ def test_lerobot_dataset_on_s3_gives_every_anchor_once(s3, tmp_path_factory, wor
         options = [f"--storage-option={k}={v}" for k, v in s3.storage_options().items()]
         assert cli.main(["build-sidecar", root, "--cache-dir", str(sidecars), *options]) == 0
     dm = VideoEpisodeDataModule(
-        root, delta_timestamps={FRONT: [-2 / 30, 0.0]}, num_splits=12, batch_size=5,
-        num_workers=workers, sidecar_dir=str(sidecars),
+        root,
+        delta_timestamps={FRONT: [-2 / 30, 0.0]},
+        num_splits=12,
+        batch_size=5,
+        num_workers=workers,
+        sidecar_dir=str(sidecars),
         storage_options=s3.storage_options(SECRET),
-    )  # fmt: skip
+    )
     dm.setup("fit")
     assert len(list(sidecars.rglob("*.arrow"))) == len(list(local.rglob("*.mp4")))
     assert not [p for p in s3.whole_object_gets() if p.endswith(".mp4")], "range reads only"
