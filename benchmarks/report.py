@@ -377,6 +377,45 @@ are.
     return text
 
 
+def pin_memory_section(runs: Runs | None) -> str:
+    """Shown once a result exists: the benchmark needs an accelerator."""
+    if runs is None:
+        return ""
+    if "copy" in runs:  # one record, as the script writes it without benchmarks/record.py
+        runs = {"": runs}
+    text = """\
+## Pinned memory: `benchmarks/pin_memory.py`
+
+`python benchmarks/pin_memory.py --json benchmarks/results/pin_memory.json` needs an
+accelerator that takes pinned memory (CUDA). It reads a table with `LanceDataModule`
+with `pin_memory=True` and `False` and reports the share of the batches' tensors that
+arrive in page-locked memory, per loader; then, per step, host work, a fresh batch
+(pinned or not), a `non_blocking` copy to the device as Lightning makes it, and a
+simulated step that reads the batch: the milliseconds per step, in `.to()`, and spent
+pinning (medians).
+"""
+    for run in runs.values():
+        when = measured(run) if "commit" in run else "the commit measured was not recorded"
+        shares = [[key, f"{share:.2f}"] for key, share in run["arrival"].items()]
+        copies = [
+            [
+                mode,
+                f"{f['ms_per_step']:.2f} ms",
+                f"{f['to_ms_median']:.3f} ms",
+                f"{f['pin_ms_median']:.3f} ms",
+            ]
+            for mode, f in run["copy"].items()
+        ]
+        text += f"""
+On {run["device"]}, torch {run["torch"]}; {when}:
+
+{table(["tensors pinned", "share"], shares)}
+
+{table(["batches", "per step", "in .to()", "pinning"], copies)}
+"""
+    return text
+
+
 def video_workers_image(run: dict) -> str:
     """The plot ``benchmarks/plots.py`` draws of a ``bench_video.py --workers`` run."""
     step = run["step_ms"]
@@ -750,6 +789,7 @@ SECTIONS: dict[str | None, Callable[[Runs | None], str]] = {
     "bench_lance.json": bench_lance_section,
     "memory_over_epochs.json": memory_section,
     "bench_litdata.json": litdata_section,
+    "pin_memory.json": pin_memory_section,
     "bench_video_workers.json": video_section,
     "video_scale.json": video_scale_section,
     "object stores": lambda _: OBJECT_STORES,
@@ -772,7 +812,7 @@ def load(results: Path = RESULTS) -> dict[str, Runs]:
 def render(results: dict[str, Runs]) -> str:
     """The page, from the results files' contents."""
     parts = [section(results.get(name) if name else None) for name, section in SECTIONS.items()]
-    return "\n".join(part.rstrip("\n") + "\n" for part in parts)
+    return "\n".join(part.rstrip("\n") + "\n" for part in parts if part)
 
 
 def main() -> None:
