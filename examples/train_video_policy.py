@@ -69,10 +69,13 @@ class WindowPolicy(pl.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.vision = nn.Sequential(
-            nn.Conv2d(3 * frames, 16, 5, stride=4), nn.ReLU(),
-            nn.Conv2d(16, 32, 3, stride=2), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-        )  # fmt: skip
+            nn.Conv2d(3 * frames, 16, 5, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, stride=2),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+        )
         self.task = nn.EmbeddingBag(256, 8)
         self.head = nn.Sequential(nn.Linear(32 + 3 + 8, 64), nn.ReLU(), nn.Linear(64, 2))
         self.train_mae = torchmetrics.MeanAbsoluteError()

@@ -71,8 +71,10 @@ def check_options(options: Mapping[str, str] | None, argument: str = "storage_op
         isinstance(k, str) and isinstance(v, str) for k, v in options.items()
     ):
         keys = list(options) if isinstance(options, Mapping) else type(options).__name__
-        raise TypeError(f"{argument} must map option names to strings, e.g."
-                        f' {{"aws_region": "us-east-1"}}; got keys {keys}')  # fmt: skip
+        raise TypeError(
+            f"{argument} must map option names to strings, e.g."
+            f' {{"aws_region": "us-east-1"}}; got keys {keys}'
+        )
 
 
 def _hint(message: str) -> str:
@@ -80,8 +82,14 @@ def _hint(message: str) -> str:
     lower = message.lower()
     if "nosuchbucket" in lower or "bucket does not exist" in lower:
         return "the bucket does not exist: create it, or fix the bucket name in the URI"
-    refused = ("credential", "invalidaccesskeyid", "signaturedoesnotmatch", "accessdenied",
-               "access_denied", "forbidden")  # fmt: skip
+    refused = (
+        "credential",
+        "invalidaccesskeyid",
+        "signaturedoesnotmatch",
+        "accessdenied",
+        "access_denied",
+        "forbidden",
+    )
     if any(word in lower for word in refused) or re.search(r"\b403\b", lower):
         return (
             "the credentials were missing or refused: set storage_options"
@@ -139,11 +147,17 @@ def pyarrow_filesystem(
         )
     unknown = sorted(set(options) - set(KNOWN))
     if unknown:
-        raise ValueError(f"storage_options {unknown} are not S3 options this package maps"
-                         f" onto pyarrow; known: {list(KNOWN)}")  # fmt: skip
+        raise ValueError(
+            f"storage_options {unknown} are not S3 options this package maps"
+            f" onto pyarrow; known: {list(KNOWN)}"
+        )
     arguments: dict[str, Any] = {}
-    for names, name in ((ACCESS_KEY, "access_key"), (SECRET_KEY, "secret_key"),
-                        (SESSION_TOKEN, "session_token"), (REGION, "region")):  # fmt: skip
+    for names, name in (
+        (ACCESS_KEY, "access_key"),
+        (SECRET_KEY, "secret_key"),
+        (SESSION_TOKEN, "session_token"),
+        (REGION, "region"),
+    ):
         value = _pick(options, names)
         if value is not None:
             arguments[name] = value
@@ -162,8 +176,12 @@ def fsspec_options(options: Mapping[str, str] | None) -> dict[str, Any]:
     """Lance-named S3 options as s3fs arguments; other keys are passed on unchanged."""
     options = dict(options or {})
     mapped: dict[str, Any] = {}
-    for names, name in ((ACCESS_KEY, "key"), (SECRET_KEY, "secret"), (SESSION_TOKEN, "token"),
-                        (ENDPOINT, "endpoint_url")):  # fmt: skip
+    for names, name in (
+        (ACCESS_KEY, "key"),
+        (SECRET_KEY, "secret"),
+        (SESSION_TOKEN, "token"),
+        (ENDPOINT, "endpoint_url"),
+    ):
         value = _pick(options, names)
         if value is not None:
             mapped[name] = value

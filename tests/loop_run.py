@@ -68,9 +68,12 @@ class IdsPerRank(pl.LightningModule):
 
 def evaluate(args) -> None:
     dm = LanceDataModule(
-        args.uri, args.table, num_splits=args.num_splits, batch_size=args.batch_size,
+        args.uri,
+        args.table,
+        num_splits=args.num_splits,
+        batch_size=args.batch_size,
         test_filter=TEST_FILTER,
-    )  # fmt: skip
+    )
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=args.devices,

@@ -31,10 +31,19 @@ def table(tmp_path_factory):
 def split_rows(uri, seed, epoch, num_splits, clump, filter=None):
     """Storage offsets of every split, ``[num_splits, split_len]``, in serving order."""
     source = LanceSource(
-        uri, "samples", version=None, num_splits=num_splits, shuffle=True, shuffle_seed=seed,
-        shuffle_clump_size=clump, columns=None, filter=filter, transform=None,
-        read_ahead_bytes=2**24, num_workers=0,
-    )  # fmt: skip
+        uri,
+        "samples",
+        version=None,
+        num_splits=num_splits,
+        shuffle=True,
+        shuffle_seed=seed,
+        shuffle_clump_size=clump,
+        columns=None,
+        filter=filter,
+        transform=None,
+        read_ahead_bytes=2**24,
+        num_workers=0,
+    )
     order = source.epoch_order(epoch)
     return np.stack([order.offsets(s, np.arange(order.split_len)) for s in range(num_splits)])
 

@@ -78,16 +78,24 @@ def serve(uri: str, pace: ReadPace, first: int = 16) -> dict:
         largest = max(largest, held_bytes(rows))
         served.extend(rows["id"].to_pylist())
         jpegs.extend(rows["jpeg"].to_pylist())
-    return {"positions": positions.tolist(), "served": served, "jpegs": jpegs,
-            "reads": reads, "held": held, "largest": largest, "sizes": sizes,
-            "totals": counters.totals()}  # fmt: skip
+    return {
+        "positions": positions.tolist(),
+        "served": served,
+        "jpegs": jpegs,
+        "reads": reads,
+        "held": held,
+        "largest": largest,
+        "sizes": sizes,
+        "totals": counters.totals(),
+    }
 
 
 def read_offsets(asked: list[tuple]) -> list[int]:
     return [
-        i for kind, *rest in asked
+        i
+        for kind, *rest in asked
         for i in (range(rest[0], rest[1]) if kind == "scan" else rest[0].tolist())
-    ]  # fmt: skip
+    ]
 
 
 def test_windows_read_each_run_once_and_serve_in_the_plans_order(heavy_uri):
@@ -95,8 +103,9 @@ def test_windows_read_each_run_once_and_serve_in_the_plans_order(heavy_uri):
     written = [heavy_rows(start, 300, 2_000) for start in range(0, HEAVY_ROWS, 300)]
     reference = [jpeg for rows in written for jpeg in rows["jpeg"].to_pylist()]
     # runs of 16 rows or more are scanned
-    pace = ReadPace(io_threads=4, windows=2, growth=4, window_bytes=10**6, run_bytes=40_000,
-                    scan_rows=16)  # fmt: skip
+    pace = ReadPace(
+        io_threads=4, windows=2, growth=4, window_bytes=10**6, run_bytes=40_000, scan_rows=16
+    )
     run = serve(heavy_uri, pace)
     assert run["served"] == run["positions"], "the plan's order, every row once"
     assert run["jpegs"] == [reference[i] for i in run["positions"]]

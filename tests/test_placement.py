@@ -82,8 +82,9 @@ def test_splits_are_equal_disjoint_and_the_same_on_every_topology(
     assert set(every.tolist()) <= set(selected.tolist())
     assert len(selected) - len(every) == len(selected) % num_splits  # the surplus
     world, workers = data.draw(st.sampled_from(TOPOLOGIES))
-    consumed = tuple(data.draw(st.lists(st.integers(0, split_len), min_size=num_splits,
-                                        max_size=num_splits)))  # fmt: skip
+    consumed = tuple(
+        data.draw(st.lists(st.integers(0, split_len), min_size=num_splits, max_size=num_splits))
+    )
     if data.draw(st.booleans()):  # a fresh epoch
         consumed = (0,) * num_splits
     try:

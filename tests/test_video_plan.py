@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_stream.plan import RankEpochPlan
+from lightning_stream.plan import RankEpochPlan, ReaderOrder
 from lightning_stream.video.plan import (
     Piece,
     anchor_order,
@@ -15,14 +15,20 @@ from lightning_stream.video.plan import (
     cut_splits,
     window,
 )
-from lightning_stream.video.source import reader_positions
+from lightning_stream.video.task import reader_positions
 
 lengths_st = st.lists(st.integers(1, 40), min_size=1, max_size=15)
 
 
 @settings(max_examples=150, deadline=None)
-@given(lengths=lengths_st, num_splits=st.sampled_from([1, 2, 4, 6, 12]), seed=st.integers(0, 9),
-       epoch=st.integers(0, 3), pool=st.integers(1, 4), chunk=st.integers(1, 50))  # fmt: skip
+@given(
+    lengths=lengths_st,
+    num_splits=st.sampled_from([1, 2, 4, 6, 12]),
+    seed=st.integers(0, 9),
+    epoch=st.integers(0, 3),
+    pool=st.integers(1, 4),
+    chunk=st.integers(1, 50),
+)
 def test_every_selected_frame_is_an_anchor_once_in_balanced_splits(
     lengths, num_splits, seed, epoch, pool, chunk
 ):
@@ -58,14 +64,10 @@ def test_the_epoch_is_the_same_on_every_topology(lengths, seed, data):
         rows = []
         for rank in range(world):
             plan = RankEpochPlan(tuple(consumed), split_len, world, rank, workers, 5)
-            per_worker = len(plan.splits) // max(1, workers)
-            if workers > 1:
-                rows += list(reader_positions(plan, range(0), head=True))
-                for w in range(workers):
-                    worker_splits = plan.splits[w * per_worker : (w + 1) * per_worker]
-                    rows += list(reader_positions(plan, worker_splits, head=False))
-            else:
-                rows += list(reader_positions(plan, plan.splits, head=True))
+            if workers > 1:  # the head on the main process, then each worker's block
+                rows += list(reader_positions(ReaderOrder(plan, range(0), head=True)))
+            for worker in range(max(1, workers)):
+                rows += list(reader_positions(ReaderOrder.of_worker(plan, worker)))
         assert len(rows) == len(set(rows)) == num_splits * split_len
         served = served or sorted(rows)
         assert sorted(rows) == served

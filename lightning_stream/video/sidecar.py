@@ -43,9 +43,11 @@ class VideoFile:
 
     @classmethod
     def open(cls, uri: str) -> VideoFile:
-        filesystem, path = pafs.FileSystem.from_uri(uri) if "://" in uri else (
-            pafs.LocalFileSystem(), os.path.abspath(uri)
-        )  # fmt: skip
+        filesystem, path = (
+            pafs.FileSystem.from_uri(uri)
+            if "://" in uri
+            else (pafs.LocalFileSystem(), os.path.abspath(uri))
+        )
         return cls(filesystem, path)
 
     def reader(self) -> tuple[pafs.NativeFile, int]:

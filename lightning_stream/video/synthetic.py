@@ -99,8 +99,10 @@ def write_dataset(
     frame's dataset index."""
     root = Path(root)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int)
-    files = [list(range(i, min(i + episodes_per_file, len(lengths))))
-             for i in range(0, len(lengths), episodes_per_file)]  # fmt: skip
+    files = [
+        list(range(i, min(i + episodes_per_file, len(lengths))))
+        for i in range(0, len(lengths), episodes_per_file)
+    ]
     episode_rows = []
     columns: dict[str, list] = {"action": [], "observation.state": []}
     for file_index, members in enumerate(files):
@@ -108,10 +110,20 @@ def write_dataset(
         for camera in cameras:
             write_video(
                 root / f"videos/{camera}/chunk-000/file-{file_index:03d}.mp4",
-                codec, frames, fps, texture=texture,
-            )  # fmt: skip
-        rows = {"index": [], "episode_index": [], "frame_index": [], "timestamp": [],
-                "task_index": [], "action": [], "observation.state": []}  # fmt: skip
+                codec,
+                frames,
+                fps,
+                texture=texture,
+            )
+        rows = {
+            "index": [],
+            "episode_index": [],
+            "frame_index": [],
+            "timestamp": [],
+            "task_index": [],
+            "action": [],
+            "observation.state": [],
+        }
         for e in members:
             for f in range(lengths[e]):
                 index = int(starts[e]) + f
@@ -133,10 +145,15 @@ def write_dataset(
                 writer.write_table(table.filter(pc.equal(table["episode_index"], e)))
         offset = 0.0
         for e in members:
-            row = {"episode_index": e, "length": lengths[e], "tasks": [f"task {e % 2}"],
-                   "dataset_from_index": int(starts[e]),
-                   "dataset_to_index": int(starts[e] + lengths[e]),
-                   "data/chunk_index": 0, "data/file_index": file_index}  # fmt: skip
+            row = {
+                "episode_index": e,
+                "length": lengths[e],
+                "tasks": [f"task {e % 2}"],
+                "dataset_from_index": int(starts[e]),
+                "dataset_to_index": int(starts[e] + lengths[e]),
+                "data/chunk_index": 0,
+                "data/file_index": file_index,
+            }
             for camera in cameras:
                 row[f"videos/{camera}/chunk_index"] = 0
                 row[f"videos/{camera}/file_index"] = file_index
@@ -147,10 +164,14 @@ def write_dataset(
     meta = root / "meta"
     (meta / "episodes/chunk-000").mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(episode_rows), meta / "episodes/chunk-000/file-000.parquet")
-    pq.write_table(pa.table({"task_index": [0, 1], "task": ["task 0", "task 1"]}),
-                   meta / "tasks.parquet")  # fmt: skip
-    video_feature = {"dtype": "video", "shape": [SIZE, SIZE, 3],
-                     "names": ["height", "width", "channels"]}  # fmt: skip
+    pq.write_table(
+        pa.table({"task_index": [0, 1], "task": ["task 0", "task 1"]}), meta / "tasks.parquet"
+    )
+    video_feature = {
+        "dtype": "video",
+        "shape": [SIZE, SIZE, 3],
+        "names": ["height", "width", "channels"],
+    }
     features = {camera: video_feature for camera in cameras}
     features["action"] = {"dtype": "float32", "shape": [2], "names": None}
     features["observation.state"] = {"dtype": "float32", "shape": [3], "names": None}
@@ -158,11 +179,14 @@ def write_dataset(
         features[column] = {"dtype": "int64", "shape": [1], "names": None}
     features["timestamp"] = {"dtype": "float32", "shape": [1], "names": None}
     info = {
-        "codebase_version": "v3.0", "fps": fps, "features": features,
-        "total_episodes": len(lengths), "total_frames": int(sum(lengths)),
+        "codebase_version": "v3.0",
+        "fps": fps,
+        "features": features,
+        "total_episodes": len(lengths),
+        "total_frames": int(sum(lengths)),
         "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
         "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4",
-    }  # fmt: skip
+    }
     (meta / "info.json").write_text(json.dumps(info, indent=2))
     (meta / "stats.json").write_text(json.dumps(feature_stats(columns), indent=2))
     return root
@@ -174,7 +198,10 @@ def feature_stats(columns: dict[str, list]) -> dict[str, dict[str, list[float]]]
     for name, values in columns.items():
         array = np.asarray(values, dtype=np.float64)
         stats[name] = {
-            "mean": array.mean(0).tolist(), "std": array.std(0).tolist(),
-            "min": array.min(0).tolist(), "max": array.max(0).tolist(), "count": [len(array)],
-        }  # fmt: skip
+            "mean": array.mean(0).tolist(),
+            "std": array.std(0).tolist(),
+            "min": array.min(0).tolist(),
+            "max": array.max(0).tolist(),
+            "count": [len(array)],
+        }
     return stats
