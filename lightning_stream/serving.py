@@ -114,7 +114,7 @@ class ServingEngine:
         except WorkerDied as exc:
             self.close_pool()
             raise RuntimeError(
-                f"a worker of rank {plan.rank} died while {fmt.activity} ({exc}). Nothing"
+                f"a reading worker of rank {plan.rank} died while {fmt.activity} ({exc}). Nothing"
                 " after the last checkpoint is lost: resume with trainer.fit(...,"
                 " ckpt_path=<last checkpoint>)"
             ) from exc
