@@ -19,6 +19,7 @@ from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -261,11 +262,10 @@ class EpisodeReader:
         fetcher = self._fetch_pool()
         for camera in self.dataset.cameras:
             relative, _, handle, _, _, offset, size = self._camera_range(piece, camera)
-            if (relative, offset, size) not in self._fetches:
-                self._fetches[relative, offset, size] = self._read(
-                    piece, camera, relative, offset, size,
-                    lambda at, length, handle=handle: fetcher.submit(handle.read_at, length, at),
-                )  # fmt: skip
+            key = (relative, offset, size)
+            if key not in self._fetches:
+                fetch = partial(_submitted_read, fetcher, handle)
+                self._fetches[key] = self._read(piece, camera, *key, fetch)
 
     def _index_files(self, pieces: list[Piece]) -> None:
         """Load the sidecars of the MP4s of ``pieces`` at once (up to ``INDEX_AHEAD``), on
@@ -326,3 +326,8 @@ class EpisodeReader:
             "resident_bytes": sum(chunk.decoded_bytes for chunk in chunks),
             "reserved_bytes": sum(chunk.payload_bytes for chunk in chunks),
         }
+
+
+def _submitted_read(fetcher: ThreadPoolExecutor, handle: Any, at: int, length: int) -> Future:
+    """A read of ``length`` bytes at ``at`` of ``handle``, started on ``fetcher``."""
+    return fetcher.submit(handle.read_at, length, at)
