@@ -12,7 +12,7 @@ import pyarrow as pa
 
 # Binary and string values are reordered by their views (16 bytes a value) over lance's
 # buffers instead of copied: a read's bytes are then copied once, into the batch's
-# ``bytes`` (25k rows of 22 KB at 0 workers: 49-52k rows/s with a copying reorder, 56-61k).
+# ``bytes``, which matters for rows of large blobs.
 # Views stay in the reading process: a worker's batch crosses as plain arrays
 # (:func:`lightning_stream.workers.slots.plain`).
 _VIEW_TYPES = {
@@ -37,8 +37,8 @@ def held_bytes(table: pa.Table) -> int:
     once each, at their largest extent.
 
     lance hands a read's binary data to all its chunks as one buffer, from the same start,
-    and :func:`_reordered` keeps it: ``nbytes`` counts it once a chunk (1.5x a 22 KB-row
-    read in two chunks), ``get_total_buffer_size`` only at its first chunk's extent (0.7x).
+    and :func:`_reordered` keeps it: ``nbytes`` counts it once a chunk (too much),
+    ``get_total_buffer_size`` only at its first chunk's extent (too little).
     """
     held = 0
     for column in table.columns:

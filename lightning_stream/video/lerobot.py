@@ -33,7 +33,7 @@ def filesystem(root: str, fs: pafs.FileSystem | None = None) -> tuple[pafs.FileS
 @dataclass(frozen=True)
 class Episodes:
     """The selected episodes, in index order, one array entry each (a *slot*): an array
-    per field rather than an object per episode, so 100k episodes cost a few MB."""
+    per field rather than an object per episode: tens of bytes an episode and camera."""
 
     index: np.ndarray  # episode_index
     length: np.ndarray  # frames

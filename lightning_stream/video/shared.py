@@ -3,9 +3,8 @@
 Where an episode is cut (between two chunks of a split, or between two splits), the later
 piece's frames decode from the keyframe before its first frame, so its packet range starts
 inside the earlier piece's, and both would fetch the bytes from that keyframe to the
-earlier piece's last frame. On the LeRobot-shaped dataset of ``bench_video.py --s3``
-(GOP 30) that was 4-20 KB a camera per cut, 1.19x the video's bytes per epoch at
-``byte_budget_gb=0.25`` and 1.10x at 1.0. A reading process that serves both pieces keeps
+earlier piece's last frame: a group of pictures per camera per cut, more of the video's
+bytes the smaller the byte budget (the more cuts). A reading process that serves both pieces keeps
 those bytes from its first read of them until its second, within a byte limit; past the
 limit a range is fetched again, as without sharing. Pure bookkeeping over byte ranges and
 futures: which pieces share what is the reader's to say (:meth:`SharedRanges.read`'s
