@@ -22,12 +22,11 @@ import atexit
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
-from lightning_stream.workers.jobs import Lookahead, Task
+from lightning_stream.workers.jobs import Finish, Jobs, Key, Lookahead, Queued, T, Task
 
-T = TypeVar("T")
 END_WAIT_S = 0.05  # the end of a job follows its last payload at once
 
 _RUNNING: weakref.WeakSet[InlineReader] = weakref.WeakSet()
@@ -132,13 +131,7 @@ class InlineReader:
         """The task's counters as of the last payload made (or of the start)."""
         return [self._line.counters]
 
-    def serve(
-        self,
-        key: Hashable,
-        jobs: Sequence[Any],
-        finish: Callable[[Any], T],
-        after: tuple[Hashable, Sequence[Any]] | None = None,
-    ) -> Iterator[T]:
+    def serve(self, key: Key, jobs: Jobs, finish: Finish[T], after: Queued = None) -> Iterator[T]:
         """The payloads of ``jobs[0]``, ``finish``-ed on the calling thread; as
         :meth:`WorkerPool.serve <lightning_stream.workers.pool.WorkerPool.serve>` with
         one worker."""

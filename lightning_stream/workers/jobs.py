@@ -10,11 +10,21 @@ that queued job is the one wanted.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
 State = TypeVar("State")
 Job = TypeVar("Job", contravariant=True)
+T = TypeVar("T")
+
+#: what names a job, so that a reader can tell whether the job it queued is the one asked for
+Key = Hashable
+#: each reader's job of one epoch, in reader order
+Jobs = Sequence[Any]
+#: the job queued behind the one served (its key and jobs), or none
+Queued = tuple[Key, Jobs] | None
+#: what the consuming thread makes of each payload
+Finish = Callable[[Any], T]
 
 
 class Task(Protocol[State, Job]):
@@ -36,9 +46,9 @@ class Lookahead:
     """The job queued behind the one being served, under the key that names it."""
 
     def __init__(self) -> None:
-        self._queued: tuple[Hashable, int] | None = None
+        self._queued: tuple[Key, int] | None = None
 
-    def take(self, key: Hashable, current_finished: Callable[[], bool]) -> int | None:
+    def take(self, key: Key, current_finished: Callable[[], bool]) -> int | None:
         """The id of the queued job if ``key`` names it and the current job was served
         whole (else the queued job would wait behind its leftovers); ``None`` otherwise.
         Either way nothing is queued afterwards."""
@@ -47,5 +57,5 @@ class Lookahead:
             return queued[1]
         return None
 
-    def put(self, key: Hashable, job_id: int) -> None:
+    def put(self, key: Key, job_id: int) -> None:
         self._queued = (key, job_id)

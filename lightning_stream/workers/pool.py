@@ -28,16 +28,15 @@ import sys
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection, Pipe, wait
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from lightning_stream.workers.checks import main_script_path, pickled_modules
-from lightning_stream.workers.jobs import Lookahead, Task
+from lightning_stream.workers.jobs import Finish, Jobs, Key, Lookahead, Queued, T, Task
 from lightning_stream.workers.slots import Arena, fetch, from_pipe, post, unpack
 
-T = TypeVar("T")
 CLOSE_TIMEOUT_S = 5.0
 _ROOT = str(Path(__file__).resolve().parents[2])
 _BOOT = (
@@ -188,13 +187,7 @@ class WorkerPool:
                 return message
 
     # -- serving --------------------------------------------------------------------
-    def serve(
-        self,
-        key: Hashable,
-        jobs: Sequence[Any],
-        finish: Callable[[Any], T],
-        after: tuple[Hashable, Sequence[Any]] | None = None,
-    ) -> Iterator[T]:
+    def serve(self, key: Key, jobs: Jobs, finish: Finish[T], after: Queued = None) -> Iterator[T]:
         """Each worker's share ``jobs[k]`` of one job, ``finish``-ed in the main process
         (while the payload's slot is held: ``finish`` must copy what it keeps), in turn.
 
