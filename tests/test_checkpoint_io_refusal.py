@@ -11,8 +11,10 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from lightning_stream import AtomicCheckpointIO, LanceDataModule, StreamStateCallback
-from lightning_stream.checkpoint_load import NamedLoadErrors
+from lightning_stream.checkpoint_load import NamedLoadErrors, is_complete
 from lightning_stream.demo import LedgerModel
+from lightning_stream.inspect import read_stream_record
+from lightning_stream.state import STATE_KEY
 
 
 class OwnCheckpointIO(TorchCheckpointIO):
@@ -68,13 +70,17 @@ def test_a_strategy_whose_checkpoint_io_cannot_be_wrapped_is_refused(table_dir, 
     assert not (tmp_path / "rank0.jsonl").exists()  # refused before the first step
 
 
-def test_single_device_wraps_the_plugin_and_a_corrupt_checkpoint_is_named(table_dir, tmp_path):
+def test_single_device_wraps_the_plugin_and_a_bad_checkpoint_is_named(table_dir, tmp_path):
     trainer = _trainer(plugins=[AtomicCheckpointIO()])
     trainer.fit(LedgerModel(str(tmp_path / "ledger")), datamodule=_module(table_dir))
     io = trainer.strategy.checkpoint_io
     assert isinstance(io, NamedLoadErrors) and isinstance(io.inner, AtomicCheckpointIO)
     good = tmp_path / "ckpt" / "good.ckpt"
     trainer.save_checkpoint(good)
+    # the one state key: where the callback's record lands, where inspect and the scan
+    # for a complete checkpoint read it
+    assert STATE_KEY in torch.load(good, weights_only=False)["callbacks"]
+    assert is_complete(good) and read_stream_record(good)["complete"]
     corrupt = tmp_path / "ckpt" / "corrupt.ckpt"
     corrupt.write_bytes(good.read_bytes()[:1000])
     resumed = _trainer(plugins=[AtomicCheckpointIO()], max_steps=6)
