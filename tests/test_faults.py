@@ -34,9 +34,13 @@ def train_and_kill(table_dir, name, kill_after):
     """A 2-process DDP run checkpointing every 4 steps, SIGKILLed (all processes) mid-run."""
     out, command = train_command(table_dir, name, "--devices", "2", "--save-every", "4")
     job = subprocess.Popen(
-        command, env=ENV, cwd=ROOT, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        command,
+        env=ENV,
+        cwd=ROOT,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     while job.poll() is None and time.monotonic() < deadline:
         if last_step(out / "ledger") >= kill_after:
@@ -63,10 +67,10 @@ def test_ddp_run_killed_at_a_random_step_resumes_exactly(table_dir, seed):
 
 def test_killed_while_writing_a_checkpoint(table_dir):
     # The 3rd save is epoch=0-step=8.ckpt (each ModelCheckpoint save also writes last.ckpt).
+    args = ["--save-every", "4", "--kill-during-save", "3"]
     first, result = train(
-        table_dir, "kill-in-save", "--save-every", "4", "--kill-during-save", "3",
-        module="tests.fault_run", expect_failure=True,
-    )  # fmt: skip
+        table_dir, "kill-in-save", *args, module="tests.fault_run", expect_failure=True
+    )
     ckpt_dir = first / "ckpt"
     assert result.returncode == -signal.SIGKILL
     assert list(ckpt_dir.glob(f".*{PARTIAL_SUFFIX}")), "the kill landed during the write"
@@ -80,10 +84,10 @@ def test_killed_while_writing_a_checkpoint(table_dir):
 
 
 def test_killed_dataloader_worker(table_dir):
+    args = ["--workers", "2", "--save-every", "4", "--kill-worker-after", "10"]
     first, result = train(
-        table_dir, "kill-worker", "--workers", "2", "--save-every", "4",
-        "--kill-worker-after", "10", module="tests.fault_run", expect_failure=True,
-    )  # fmt: skip
+        table_dir, "kill-worker", *args, module="tests.fault_run", expect_failure=True
+    )
     assert "a reading worker of rank 0 died while reading table 'samples'" in result.stderr
     assert "resume with trainer.fit(..., ckpt_path=" in result.stderr
     last = first / "ckpt" / "last.ckpt"
@@ -102,9 +106,7 @@ def test_resume_after_the_pinned_version_was_deleted_is_refused(table_dir):
     table.add(table.to_arrow().slice(0, 12))
     with pytest.warns(UserWarning):
         table.optimize(cleanup_older_than=timedelta(0), delete_unverified=True)
-    _, result = train(
-        table_dir, "deleted-resume", "--table", "rewritten",
-        "--ckpt-path", str(first / "ckpt" / "step=5.ckpt"), expect_failure=True,
-    )  # fmt: skip
+    args = ["--table", "rewritten", "--ckpt-path", str(first / "ckpt" / "step=5.ckpt")]
+    _, result = train(table_dir, "deleted-resume", *args, expect_failure=True)
     assert "version=1 of table 'rewritten'" in result.stderr
     assert "cannot be opened" in result.stderr

@@ -15,19 +15,21 @@ KILL_AFTER = 16  # an epoch is 40 steps: 240 rows, 2 processes, batch 3
 
 
 def test_two_nodes_killed_mid_epoch_resume_exactly_on_one_node_of_two_devices(table_dir):
-    out, command = train_command(
-        table_dir, "nodes", "--num-nodes", "2", "--devices", "1", "--save-every", "4",
-        "--max-epochs", "1",
-    )  # fmt: skip
+    args = ["--num-nodes", "2", "--devices", "1", "--save-every", "4", "--max-epochs", "1"]
+    out, command = train_command(table_dir, "nodes", *args)
     cluster = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
     nodes = []
     try:
         for node_rank in (0, 1):
             env = {**ENV, **cluster, "NODE_RANK": str(node_rank)}
             node = subprocess.Popen(
-                command, env=env, cwd=ROOT, start_new_session=True,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
+                command,
+                env=env,
+                cwd=ROOT,
+                start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             nodes.append(node)
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline and all(n.poll() is None for n in nodes):

@@ -34,9 +34,7 @@ def saved(video_dir):
 @pytest.mark.parametrize(("devices", "workers"), [(1, 0), (3, 2)])
 def test_video_resume_is_exact(video_dir, saved, step, devices, workers):
     ckpt = saved / "ckpt" / f"step={step}.ckpt"
-    resumed, _ = video_train(
-        video_dir, f"resume-{step}-{devices}-{workers}", "--devices", str(devices),
-        "--workers", str(workers), "--ckpt-path", str(ckpt),
-    )  # fmt: skip
+    args = ["--devices", str(devices), "--workers", str(workers), "--ckpt-path", str(ckpt)]
+    resumed, _ = video_train(video_dir, f"resume-{step}-{devices}-{workers}", *args)
     entries = ledger.kept(ledger.read(saved / "ledger"), step, ledger.read(resumed / "ledger"))
     assert_exact(entries, epochs=2)
