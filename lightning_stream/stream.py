@@ -17,31 +17,24 @@ from typing import Any, Protocol
 from lightning_stream.batching import Batch, batch_len, drop_skipped, rechunk
 from lightning_stream.pinning import pin_batch
 from lightning_stream.plan import RankEpochPlan, full_epoch_steps
+from lightning_stream.serving import ServingEngine
 from lightning_stream.state import StreamState, check_identity
 
 
 class ChunkSource(Protocol):
-    """Where a stream's rows come from (a LanceDB table, a video dataset)."""
+    """Where a stream's rows come from (a LanceDB table, a video dataset): what the data
+    is, its splits, and the engine that reads them
+    (:class:`~lightning_stream.serving.ServingEngine`)."""
 
     num_splits: int
     split_len: int
+    engine: ServingEngine
 
     @property
     def identity(self) -> dict[str, Any]: ...
 
     def pin(self, identity: dict[str, Any]) -> None:
         """Read exactly the data version named in a saved identity from now on."""
-
-    def chunks(
-        self,
-        epoch: int,
-        consumed: list[int],
-        plan: RankEpochPlan,
-        upcoming: tuple[int, RankEpochPlan] | None = None,
-    ) -> Iterator[Batch]:
-        """This rank's remaining rows of ``epoch`` in plan order, as columnar chunks.
-        ``upcoming``: the epoch that probably follows and its plan, which the source may
-        start preparing when this one ends."""
 
     def counters(self) -> dict[str, float]:
         """The source's own counters (bytes loaded, queue depths, rows skipped)."""
@@ -195,7 +188,7 @@ class ResumableStream:
         )
         if self.last_epoch is not None and self.state.epoch >= self.last_epoch:
             upcoming = None
-        chunks = self.source.chunks(order, list(self.state.consumed), run.plan, upcoming)
+        chunks = self.source.engine.serve(order, run.plan, upcoming)
         carried = 0
         for planned in rechunk(chunks, run.plan.sizes):
             batch = drop_skipped(planned)

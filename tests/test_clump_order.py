@@ -42,7 +42,6 @@ def split_rows(uri, seed, epoch, num_splits, clump, filter=None):
         filter=filter,
         transform=None,
         read_ahead_bytes=2**24,
-        num_workers=0,
     )
     order = source.epoch_order(epoch)
     return np.stack([order.offsets(s, np.arange(order.split_len)) for s in range(num_splits)])

@@ -303,3 +303,59 @@ def test_no_python_file_turns_the_formatter_off():
         for line in _formatter_escapes(path.read_text())
     ]
     assert not found, f"formatter turned off at: {found}"
+
+
+def test_one_serving_engine_reads_for_every_source() -> None:
+    """Inline-or-pool reading lives in ``serving.py`` alone: the sources are formats over
+    it and start no reader of their own."""
+    graph = import_graph()
+    readers = {"lightning_stream.workers.pool", "lightning_stream.workers.inline"}
+    assert {name for name, targets in graph.items() if targets & readers} == {
+        "lightning_stream.serving"
+    }
+    for source in ("lightning_stream.lance.source", "lightning_stream.video.source"):
+        assert "lightning_stream.serving" in graph[source]
+
+
+def _code_lines(path: Path) -> list[tuple[int, str]]:
+    """``(line number, text with white space folded)`` of the lines that carry code: no
+    blank, comment, import or docstring line."""
+    tree = ast.parse(path.read_text())
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            skipped.update(range(node.lineno, node.end_lineno + 1))
+        body = getattr(node, "body", None)
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            skipped.update(range(body[0].lineno, body[0].end_lineno + 1))
+    lines = []
+    for number, text in enumerate(path.read_text().splitlines(), 1):
+        folded = " ".join(text.split())
+        if number in skipped or not folded or folded.startswith("#") or len(folded) < 4:
+            continue
+        lines.append((number, folded))
+    return lines
+
+
+def test_no_six_lines_of_code_stand_twice_in_the_package() -> None:
+    """The same six lines of code (white space aside) in two places of the package would
+    be one job written twice. (Runs alike but for names are looked for with the
+    ``duplicates`` command when the package changes; see the CHANGELOG's process note.)"""
+    run = 6
+    seen: dict[tuple[str, ...], str] = {}
+    repeated = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        lines = _code_lines(path)
+        for start in range(len(lines) - run + 1):
+            window = tuple(text for _, text in lines[start : start + run])
+            place = f"{path.relative_to(PACKAGE)}:{lines[start][0]}"
+            if window in seen and not seen[window].startswith(f"{path.relative_to(PACKAGE)}:"):
+                repeated.append(f"{seen[window]} ~ {place}")
+            seen.setdefault(window, place)
+    assert not repeated, repeated

@@ -124,7 +124,7 @@ def test_a_rank_reads_rows_only_of_the_episodes_it_serves(tmp_path):
     plan = RankEpochPlan((0,) * 4, source.split_len, 2, 0, 0, 4)
     served = set()
     try:
-        for batch in source.chunks(0, [0] * 4, plan):
+        for batch in source.engine.serve(0, plan):
             served.update(batch["episode_index"].tolist())
     finally:
         source.stop_workers()

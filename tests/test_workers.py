@@ -254,7 +254,8 @@ def test_a_dead_video_worker_stops_the_epoch_saying_how_to_resume(video_root):
         batches = iter(dm.train_dataloader())
         next(batches)
         os.kill(worker_pids(dm)[1], signal.SIGKILL)
-        with pytest.raises(RuntimeError, match="a worker of rank 0 died while decoding") as caught:
+        died = "a reading worker of rank 0 died while decoding"
+        with pytest.raises(RuntimeError, match=died) as caught:
             for _ in batches:
                 pass
         assert "killed by signal SIGKILL" in str(caught.value)

@@ -248,7 +248,6 @@ class LanceDataModule(StreamingDataModule):
             filter=filter,
             transform=self.transform,
             read_ahead_bytes=self.read_ahead_bytes,
-            num_workers=self.num_workers,
             storage_options=self.storage_options,
         )
         return source

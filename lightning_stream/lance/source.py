@@ -25,7 +25,7 @@ from lightning_stream.lance.pace import LOCAL_PACE, REMOTE_PACE
 from lightning_stream.lance.reader import ReadCounters, RowOrder, TableOpener
 from lightning_stream.lance.selection import Selection, select_rows
 from lightning_stream.lance.task import ReadJob, ReadTask
-from lightning_stream.plan import RankEpochPlan, ReaderOrder
+from lightning_stream.plan import ReaderOrder
 from lightning_stream.serving import PoolSpec, ServingEngine
 from lightning_stream.state import DEFAULT
 from lightning_stream.storage import is_remote, storage_error
@@ -105,7 +105,6 @@ class LanceSource:
         filter: str | None,
         transform: Callable[[Batch], Batch] | None,
         read_ahead_bytes: int,
-        num_workers: int,
         storage_options: dict[str, str] | None = None,
     ) -> None:
         self.uri = uri
@@ -225,15 +224,6 @@ class LanceSource:
 
     def counters(self) -> dict[str, float]:
         return self.engine.counters()
-
-    def chunks(
-        self,
-        epoch: int,
-        consumed: list[int],
-        plan: RankEpochPlan,
-        upcoming: tuple[int, RankEpochPlan] | None = None,
-    ) -> Iterator[Batch]:
-        return self.engine.serve(epoch, plan, upcoming)
 
     # -- the serving engine's format (lightning_stream.serving.SourceFormat) ----------
     @property

@@ -12,7 +12,6 @@ import dataclasses
 import hashlib
 import logging
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import numpy as np
 import torch
 
 from lightning_stream.batching import Batch
-from lightning_stream.plan import RankEpochPlan, ReaderOrder
+from lightning_stream.plan import ReaderOrder
 from lightning_stream.serving import PoolSpec, ServingEngine
 from lightning_stream.skipped import SKIP_REASON
 from lightning_stream.video.decode import DamagedVideoWarning
@@ -151,15 +150,6 @@ class VideoSource:
                 f" manifest {identity['version']}, now {self.manifest}): a video or Parquet"
                 " file was replaced, added or removed. Restore them, or start a new run."
             )
-
-    def chunks(
-        self,
-        epoch: int,
-        consumed: list[int],
-        plan: RankEpochPlan,
-        upcoming: tuple[int, RankEpochPlan] | None = None,
-    ) -> Iterator[Batch]:
-        return self.engine.serve(epoch, plan, upcoming)
 
     def counters(self) -> dict[str, float]:
         return {**self.engine.counters(), "skipped_windows": self.skipped_windows}
