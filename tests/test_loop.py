@@ -109,22 +109,22 @@ def test_a_second_fit_on_the_same_trainer_is_the_next_epoch(table_dir, tmp_path)
 def test_no_epoch_is_begun_after_max_epochs(table_dir, tmp_path):
     """The reading thread begins the epoch that follows once one is read, except after the
     run's last: those reads (requests, egress) would never be used. What the stream asks
-    of its source says so: each epoch's rows come with the epoch to prepare next
-    (``upcoming``), and the last epoch's with none; and once ``fit`` is over (the reading
-    thread stopped and joined at teardown) the rows read are the two epochs' exactly."""
+    of its source's serving engine says so: each epoch is asked for with the epoch to
+    begin next (``upcoming``), the last one with none; and once ``fit`` is over (the
+    reading thread stopped and joined at teardown) the rows read are the two epochs'."""
     dm, model = module(table_dir), LedgerModel(str(tmp_path / "ledger"))
-    asked = []  # (epoch read, epoch the source is told to prepare next)
+    asked = []  # (epoch served, epoch the engine is told to begin next)
 
     class Asked(pl.Callback):
         def on_fit_start(self, trainer, pl_module):
-            source = trainer.datamodule.stream.source
-            chunks = source.chunks
+            engine = trainer.datamodule.stream.source.engine
+            serve = engine.serve
 
-            def recorded(epoch, consumed, plan, upcoming=None):
+            def recorded(epoch, plan, upcoming=None):
                 asked.append((epoch, upcoming and upcoming[0]))
-                return chunks(epoch, consumed, plan, upcoming)
+                return serve(epoch, plan, upcoming)
 
-            source.chunks = recorded
+            engine.serve = recorded
 
     trainer(max_epochs=2, callbacks=[StreamStateCallback(), Asked()]).fit(model, datamodule=dm)
     assert_exact(ledger.read(tmp_path / "ledger"), epochs=2)
