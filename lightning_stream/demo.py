@@ -17,6 +17,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
+from typing_extensions import override
 
 from lightning_stream import AtomicCheckpointIO, LanceDataModule, LoaderMonitor, StreamStateCallback
 from lightning_stream.lance.synthetic import make_light_table
@@ -76,6 +77,7 @@ class SaveAtSteps(Checkpoint):
         self.dirpath = dirpath.rstrip("/")  # a local path or an fsspec URL
         self.steps = set(steps)
 
+    @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step in self.steps:
             trainer.save_checkpoint(f"{self.dirpath}/step={trainer.global_step}.ckpt")

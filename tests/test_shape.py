@@ -234,14 +234,20 @@ def test_no_private_name_of_lancedb_or_lance_is_used():
 def test_every_lightning_hook_is_marked_override_and_no_callback_method_misses_one():
     """A misspelled hook would never run: a callback's public methods must be Lightning
     hooks, and every hook the package defines carries ``@override``."""
+    import importlib
+    import inspect
+
     from lightning.pytorch import Callback, LightningDataModule
 
-    from lightning_stream import LanceDataModule, StreamStateCallback, VideoEpisodeDataModule
-    from lightning_stream.datamodule import StreamingDataModule
-    from lightning_stream.monitor import LoaderMonitor
-
-    classes = [StreamStateCallback, LoaderMonitor, StreamingDataModule, LanceDataModule]
-    for cls in [*classes, VideoEpisodeDataModule]:
+    classes = {
+        cls
+        for name in _modules()
+        for _, cls in inspect.getmembers(importlib.import_module(name), inspect.isclass)
+        if cls.__module__.startswith("lightning_stream")
+        and issubclass(cls, (Callback, LightningDataModule))
+    }
+    assert len(classes) >= 6, classes  # the callbacks, their base and the data modules
+    for cls in classes:
         base = Callback if issubclass(cls, Callback) else LightningDataModule
         for name, member in vars(cls).items():
             if name.startswith("_") or not callable(member):
