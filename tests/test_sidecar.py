@@ -15,16 +15,19 @@ from lightning_stream.video.sidecar import VideoFile, load_or_build, sidecar_pat
 from lightning_stream.video.synthetic import write_video
 
 
-def slow_build(path, cache, start_at):
-    """Child process: wait for the common start, then build with a slowed-down parser."""
+def held_build(path, cache, arrived, builders):
+    """Child process: say it arrived, then build; the one that builds holds its parser
+    until every builder arrived, so the others ask for the sidecar while it is built."""
     parse = sidecar.read_video_track
 
-    def slowly(*args):
-        time.sleep(0.5)
+    def held(*args):
+        deadline = time.monotonic() + 120  # a hang guard only
+        while len(arrived) < builders and time.monotonic() < deadline:
+            time.sleep(0.01)
         return parse(*args)
 
-    sidecar.read_video_track = slowly
-    time.sleep(max(0.0, start_at - time.time()))
+    sidecar.read_video_track = held
+    arrived.append(os.getpid())
     track, built = load_or_build(VideoFile.open(str(path)), cache, "dataset")
     return built, track.pts.tolist()
 
@@ -48,8 +51,10 @@ def mp4(tmp_path):
 
 def test_four_concurrent_processes_build_once_and_agree(mp4, tmp_path):
     cache = tmp_path / "cache"
-    start_at = time.time() + 3.0
-    results = run_in_children(slow_build, *[(mp4, cache, start_at)] * 4)
+    with multiprocessing.get_context("spawn").Manager() as manager:
+        arrived = manager.list()
+        results = run_in_children(held_build, *[(mp4, cache, arrived, 4)] * 4)
+        assert len(arrived) == 4
     assert sorted(built for built, _ in results) == [False, False, False, True]
     assert len({tuple(pts) for _, pts in results}) == 1
     track, built = load_or_build(VideoFile.open(str(mp4)), cache, "dataset")
