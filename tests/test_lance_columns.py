@@ -118,7 +118,7 @@ def test_rows_come_back_in_the_order_asked_with_their_nulls(tmp_path):
         "t", pa.table({"id": ids, "name": names, "blob": pa.array(blobs, pa.binary())})
     )
     row_ids = np.random.default_rng(0).permutation(3000)  # storage offsets
-    reader = BudgetedReader(LanceReads(table, None), Rows(row_ids), 2**30, ReadCounters(1), 0)
+    reader = BudgetedReader(LanceReads(table, None), Rows(row_ids), 2**30, ReadCounters())
     reader.window_rows = 3000  # one window
     (rows,) = reader.tables()
     assert rows.schema.field("blob").type == pa.binary_view()  # views over lance's buffers

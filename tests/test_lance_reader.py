@@ -68,8 +68,8 @@ def serve(uri: str, pace: ReadPace, first: int = 16) -> dict:
     ]
     positions = np.stack(splits, axis=1).reshape(-1)  # storage positions, serving order
     reads = Recorded(table, ["id", "jpeg"])
-    counters = ReadCounters(1)
-    reader = BudgetedReader(reads, Rows(positions, SPLITS, CLUMP), BUDGET, counters, 0, pace)
+    counters = ReadCounters()
+    reader = BudgetedReader(reads, Rows(positions, SPLITS, CLUMP), BUDGET, counters, pace)
     reader.window_rows = first
     served, jpegs, held, largest, sizes = [], [], [], 0, []
     for rows in reader.tables():
@@ -147,7 +147,7 @@ def test_single_rows_are_read_in_takes_of_bounded_size(tmp_path):
     reads = Takes(lancedb.connect(str(tmp_path)).open_table("samples"), ["id"])
     order = np.random.default_rng(0).permutation(150_000)  # single rows: no runs
     pace = ReadPace(io_threads=4, windows=2, growth=4, window_bytes=2**30, run_bytes=2**20)
-    reader = BudgetedReader(reads, Rows(order), 2**30, ReadCounters(1), 0, pace)
+    reader = BudgetedReader(reads, Rows(order), 2**30, ReadCounters(), pace)
     served = [i for part in reader.tables() for i in part["id"].to_pylist()]
     assert served == order.tolist()
     assert max(reads.sizes) <= TAKE_ROWS < sum(reads.sizes)

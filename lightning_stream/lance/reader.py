@@ -44,7 +44,7 @@ TAKE_ROWS = 2**16
 
 
 class ReadCounters:
-    """Counters of one process's reads, one row per reader counted apart.
+    """Counters of one process's reads.
 
     A worker keeps its own and sends them with every batch; the rank's
     :class:`~lightning_stream.serving.ServingEngine` adds every reader's up.
@@ -52,18 +52,19 @@ class ReadCounters:
 
     FIELDS = ("resident_bytes", "bytes_loaded", "rows_read")
 
-    def __init__(self, readers: int) -> None:
-        self.values = np.zeros((readers, len(self.FIELDS)), dtype=np.int64)
+    def __init__(self) -> None:
+        self.values = dict.fromkeys(self.FIELDS, 0)
         # at 0 workers the reading thread and an evaluation read in the main thread both
-        # count as reader 0: an unlocked ``+=`` could lose one's update
+        # count here: an unlocked ``+=`` could lose one's update
         self._lock = threading.Lock()
 
-    def add(self, reader: int, field: str, amount: int) -> None:
+    def add(self, field: str, amount: int) -> None:
         with self._lock:
-            self.values[reader, self.FIELDS.index(field)] += amount
+            self.values[field] += amount
 
     def totals(self) -> dict[str, float]:
-        return dict(zip(self.FIELDS, map(float, self.values.sum(axis=0)), strict=True))
+        with self._lock:
+            return {field: float(value) for field, value in self.values.items()}
 
 
 @dataclass(frozen=True)
@@ -191,8 +192,7 @@ class BudgetedReader:
         budget: bytes this reader may hold: windows in flight plus rows read and not yet
             handed out. One window is always allowed, so a row larger than the budget is
             still served.
-        counters: shared counters, updated under ``reader``'s row.
-        reader: this reader's row in ``counters``.
+        counters: the process's read counters, which this reader adds to.
         pace: reads in flight at once, windows and their growth, and the runs they hold.
     """
 
@@ -202,7 +202,6 @@ class BudgetedReader:
         rows: RowOrder,
         budget: int,
         counters: ReadCounters,
-        reader: int,
         pace: ReadPace = LOCAL_PACE,
     ) -> None:
         self.reads = reads
@@ -210,14 +209,13 @@ class BudgetedReader:
         self.rows = rows
         self.budget = budget
         self.counters = counters
-        self.reader = reader
         self.row_bytes: float | None = None
         self.window_rows = FIRST_READ_ROWS
         self.held = 0
 
     def _hold(self, amount: int) -> None:
         self.held += amount
-        self.counters.add(self.reader, "resident_bytes", amount)
+        self.counters.add("resident_bytes", amount)
 
     def _next_window_rows(self) -> int:
         """The next window's rows: grown from the last one's, to a run of ``run_bytes``
@@ -275,8 +273,8 @@ class BudgetedReader:
                     size = held_bytes(table)
                     self.row_bytes = size / max(1, table.num_rows)
                     self._hold(size - estimate)
-                    self.counters.add(self.reader, "bytes_loaded", size)
-                    self.counters.add(self.reader, "rows_read", table.num_rows)
+                    self.counters.add("bytes_loaded", size)
+                    self.counters.add("rows_read", table.num_rows)
                     try:
                         start_reads()
                         yield table

@@ -117,7 +117,7 @@ class LanceSource:
         self.filter = filter
         self.transform = transform
         self.read_ahead_bytes = read_ahead_bytes
-        self.read_counters = ReadCounters(1)  # this process's reads
+        self.read_counters = ReadCounters()  # this process's reads
         self.storage_options = storage_options
         self.pace = REMOTE_PACE if is_remote(uri) else LOCAL_PACE
         self._open(version)
@@ -232,7 +232,7 @@ class LanceSource:
 
     def reader_here(self) -> tuple[ReadTask, Any]:
         task = ReadTask(self.opener, self.columns, self.read_ahead_bytes, self.pace)
-        return task, task.reader_of(self.table, self.read_counters, 0)
+        return task, task.reader_of(self.table, self.read_counters)
 
     def pool(self, workers: int, batch_size: int) -> PoolSpec:
         """Each worker's share of ``read_ahead_bytes`` goes three quarters to its reader

@@ -52,7 +52,6 @@ class _Reader:
     opener: TableOpener
     table: Any
     counters: ReadCounters
-    row: int  # this reader's row of ``counters``
 
 
 @dataclass(frozen=True)
@@ -66,11 +65,11 @@ class ReadTask:
 
     def open(self, worker: int) -> _Reader:
         keep_read_buffers()  # before lancedb starts its threads here
-        return _Reader(self.opener, self.opener(), ReadCounters(1), 0)
+        return _Reader(self.opener, self.opener(), ReadCounters())
 
-    def reader_of(self, table: Any, counters: ReadCounters, row: int) -> _Reader:
-        """A reader on a table this process already opened, counted under ``row``."""
-        return _Reader(self.opener, table, counters, row)
+    def reader_of(self, table: Any, counters: ReadCounters) -> _Reader:
+        """A reader on a table this process already opened, adding to ``counters``."""
+        return _Reader(self.opener, table, counters)
 
     def run(self, state: _Reader, job: ReadJob) -> Iterator[Any]:
         if job.opener != state.opener:  # a resume pins another version
@@ -80,7 +79,6 @@ class ReadTask:
             job.rows,
             self.budget,
             state.counters,
-            state.row,
             self.pace,
         )
         tables = reader.batches(job.sizes)
