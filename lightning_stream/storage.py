@@ -42,6 +42,17 @@ def is_remote(uri: str) -> bool:
     return "://" in uri and not uri.startswith("file://")
 
 
+def _renamed(options: Mapping[str, str], names: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+    """The options present under any of their lance names, keyed by the other library's
+    name for them."""
+    found = {name: _pick(options, lance_names) for name, lance_names in names.items()}
+    return {name: value for name, value in found.items() if value is not None}
+
+
+def _allows_http(options: Mapping[str, str]) -> bool:
+    return (_pick(options, ALLOW_HTTP) or "false").lower() in ("1", "true", "yes")
+
+
 def _pick(options: Mapping[str, str], names: tuple[str, ...]) -> str | None:
     for name in names:
         if name in options:
@@ -151,18 +162,10 @@ def pyarrow_filesystem(
             f"storage_options {unknown} are not S3 options this package maps"
             f" onto pyarrow; known: {list(KNOWN)}"
         )
-    arguments: dict[str, Any] = {}
-    for names, name in (
-        (ACCESS_KEY, "access_key"),
-        (SECRET_KEY, "secret_key"),
-        (SESSION_TOKEN, "session_token"),
-        (REGION, "region"),
-    ):
-        value = _pick(options, names)
-        if value is not None:
-            arguments[name] = value
+    credentials = {"access_key": ACCESS_KEY, "secret_key": SECRET_KEY}
+    arguments = _renamed(options, {**credentials, "session_token": SESSION_TOKEN, "region": REGION})
     endpoint = _pick(options, ENDPOINT)
-    http = (_pick(options, ALLOW_HTTP) or "false").lower() in ("1", "true", "yes")
+    http = _allows_http(options)
     if endpoint is not None:
         if endpoint.startswith("http://"):
             http = True
@@ -175,21 +178,15 @@ def pyarrow_filesystem(
 def fsspec_options(options: Mapping[str, str] | None) -> dict[str, Any]:
     """Lance-named S3 options as s3fs arguments; other keys are passed on unchanged."""
     options = dict(options or {})
-    mapped: dict[str, Any] = {}
-    for names, name in (
-        (ACCESS_KEY, "key"),
-        (SECRET_KEY, "secret"),
-        (SESSION_TOKEN, "token"),
-        (ENDPOINT, "endpoint_url"),
-    ):
-        value = _pick(options, names)
-        if value is not None:
-            mapped[name] = value
+    mapped: dict[str, Any] = _renamed(
+        options,
+        {"key": ACCESS_KEY, "secret": SECRET_KEY, "token": SESSION_TOKEN, "endpoint_url": ENDPOINT},
+    )
     region = _pick(options, REGION)
     if region is not None:
         mapped["client_kwargs"] = {"region_name": region}
     if "endpoint_url" in mapped and "://" not in mapped["endpoint_url"]:
-        http = (_pick(options, ALLOW_HTTP) or "false").lower() in ("1", "true", "yes")
-        mapped["endpoint_url"] = ("http://" if http else "https://") + mapped["endpoint_url"]
+        scheme = "http://" if _allows_http(options) else "https://"
+        mapped["endpoint_url"] = scheme + mapped["endpoint_url"]
     rest = {k: v for k, v in options.items() if k not in KNOWN}
     return {**rest, **mapped}
