@@ -130,29 +130,19 @@ def main() -> None:
 
 def datamodule(args: argparse.Namespace) -> pl.LightningDataModule:
     storage_options = dict(o.split("=", 1) for o in args.storage_option) or None
+    shape = dict(num_splits=args.num_splits, batch_size=args.batch_size, num_workers=args.workers)
+    common = dict(shape, shuffle_seed=args.shuffle_seed, storage_options=storage_options)
     if args.video:
         from lightning_stream.video.datamodule import VideoEpisodeDataModule
 
         return VideoEpisodeDataModule(
             args.uri,
             delta_timestamps={"observation.images.front": [-2 / 30, 0.0]},
-            num_splits=args.num_splits,
-            batch_size=args.batch_size,
-            num_workers=args.workers,
-            shuffle_seed=args.shuffle_seed,
             sidecar_dir=args.sidecar_dir,
             on_decode_error=args.on_decode_error,
-            storage_options=storage_options,
+            **common,
         )
-    return LanceDataModule(
-        args.uri,
-        args.table,
-        num_splits=args.num_splits,
-        batch_size=args.batch_size,
-        num_workers=args.workers,
-        shuffle_seed=args.shuffle_seed,
-        storage_options=storage_options,
-    )
+    return LanceDataModule(args.uri, args.table, **common)
 
 
 def run(args: argparse.Namespace, extra_callbacks: tuple[Callback, ...] = ()) -> pl.Trainer:

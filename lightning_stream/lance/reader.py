@@ -183,6 +183,7 @@ def _joined(reads: list[tuple[np.ndarray, Future]], served: np.ndarray) -> pa.Ta
     return reordered(pa.concat_tables([future.result() for _, future in reads]), where)
 
 
+@dataclass
 class BudgetedReader:
     """Reads ``rows`` in order, holding at most ``budget`` bytes not yet handed out.
 
@@ -196,22 +197,14 @@ class BudgetedReader:
         pace: reads in flight at once, windows and their growth, and the runs they hold.
     """
 
-    def __init__(
-        self,
-        reads: LanceReads,
-        rows: RowOrder,
-        budget: int,
-        counters: ReadCounters,
-        pace: ReadPace = LOCAL_PACE,
-    ) -> None:
-        self.reads = reads
-        self.pace = pace
-        self.rows = rows
-        self.budget = budget
-        self.counters = counters
-        self.row_bytes: float | None = None
-        self.window_rows = FIRST_READ_ROWS
-        self.held = 0
+    reads: LanceReads
+    rows: RowOrder
+    budget: int
+    counters: ReadCounters
+    pace: ReadPace = LOCAL_PACE
+    row_bytes: float | None = field(default=None, init=False)  # measured by the first read
+    window_rows: int = field(default=FIRST_READ_ROWS, init=False)
+    held: int = field(default=0, init=False)
 
     def _hold(self, amount: int) -> None:
         self.held += amount

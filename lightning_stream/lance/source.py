@@ -107,18 +107,12 @@ class LanceSource:
         read_ahead_bytes: int,
         storage_options: dict[str, str] | None = None,
     ) -> None:
-        self.uri = uri
-        self.name = table
-        self.num_splits = num_splits
-        self.shuffle = shuffle
-        self.shuffle_seed = shuffle_seed
+        self.uri, self.name, self.storage_options = uri, table, storage_options
+        self.num_splits, self.shuffle, self.shuffle_seed = num_splits, shuffle, shuffle_seed
         self.requested_clump_size = shuffle_clump_size
-        self.columns = columns
-        self.filter = filter
-        self.transform = transform
+        self.columns, self.filter, self.transform = columns, filter, transform
         self.read_ahead_bytes = read_ahead_bytes
         self.read_counters = ReadCounters()  # this process's reads
-        self.storage_options = storage_options
         self.pace = REMOTE_PACE if is_remote(uri) else LOCAL_PACE
         self._open(version)
         self.engine = ServingEngine(self)
@@ -199,16 +193,9 @@ class LanceSource:
 
     def epoch_order(self, epoch: int) -> TableOrder:
         """Which storage rows every split of ``epoch`` holds, in their serving order."""
-        return TableOrder(
-            rows=self.rows,
-            num_splits=self.num_splits,
-            clump=self.shuffle_clump_size,
-            shuffle=self.shuffle,
-            seed=self.shuffle_seed,
-            epoch=epoch,
-            selection=self.selection,
-            pool_size=self.pool_size,
-        )
+        layout = (self.rows, self.num_splits, self.shuffle_clump_size)
+        shuffle = (self.shuffle, self.shuffle_seed, epoch)
+        return TableOrder(*layout, *shuffle, self.selection, self.pool_size)
 
     def storage_rows(self, start: int, stop: int) -> StorageRows:
         """Selected rows ``[start, stop)``, in storage order."""

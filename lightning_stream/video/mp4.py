@@ -259,16 +259,6 @@ def read_video_track(read_at: ReadAt, file_size: int, name: str) -> VideoTrack:
         raise Mp4Error(f"{name}: sample data runs past the end of the file (truncated?)")
     if not video.extradata and video.codec in ("h264", "av1", "hevc"):
         raise Mp4Error(f"{name}: the {video.codec} track has no codec configuration box")
-    return VideoTrack(
-        codec=video.codec,
-        extradata=video.extradata,
-        timescale=video.timescale,
-        width=video.width,
-        height=video.height,
-        dts=dts,
-        pts=pts,
-        duration=durations,
-        offset=offsets,
-        size=sizes,
-        keyframe=keyframe,
-    )
+    samples = dict(dts=dts, pts=pts, duration=durations, offset=offsets, size=sizes)
+    header = (video.codec, video.extradata, video.timescale, video.width, video.height)
+    return VideoTrack(*header, **samples, keyframe=keyframe)

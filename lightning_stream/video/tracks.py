@@ -33,26 +33,19 @@ CACHE_BYTES = 128 * 2**20
 
 
 class Tracks:
-    """The video files of ``dataset`` a reader used lately.
+    """The video files of ``dataset`` a reader used lately: the sample tables of files not
+    in use are kept up to ``limit`` bytes (``CACHE_BYTES``).
 
     Args:
         dataset: the dataset's metadata.
         sidecar_dir: the sidecar cache.
         lock_timeout: seconds to wait for another process building a sidecar.
-        limit: bytes of sample tables kept for files not in use; default 128 MiB.
     """
 
-    def __init__(
-        self,
-        dataset: LeRobotDataset,
-        sidecar_dir: str,
-        lock_timeout: float,
-        limit: int = CACHE_BYTES,
-    ) -> None:
-        self.dataset = dataset
-        self.sidecar_dir = Path(sidecar_dir)
+    def __init__(self, dataset: LeRobotDataset, sidecar_dir: str, lock_timeout: float) -> None:
+        self.dataset, self.sidecar_dir = dataset, Path(sidecar_dir)
         self.lock_timeout = lock_timeout
-        self.limit = limit
+        self.limit = CACHE_BYTES
         self._kept: OrderedDict[str, tuple[VideoTrack, Any]] = OrderedDict()
         self._checked: dict[str, Path] = {}  # file -> its sidecar, checked in this process
         self._lock = threading.Lock()
