@@ -259,8 +259,34 @@ and the workers.
             else [f"`{config}`", "-", rate(r["steady_rows_per_s"]), "-", "-"]
             for config, r in run["best"].items()
         ]
+        ratios = run["ratios"]
+        ratio_rows = [
+            [
+                workers,
+                f"{r['module / raw-default rows/s']:.2f}",
+                f"{r['module / raw-best rows/s']:.2f}",
+                f"{r['module / raw-default RSS']:.2f}",
+                f"{r['first batch resumed / fresh']:.2f}",
+            ]
+            for workers, r in ratios.items()
+            if isinstance(r, dict)
+        ]
+        ratio_header = [
+            "workers",
+            "module / raw-default rows/s",
+            "module / raw-best rows/s",
+            "peak RSS, module / raw-default",
+            "first batch, resumed / fresh",
+        ]
         text += f"""
 The best of {run["rounds"]} rounds, {measured(run)}:
+
+{table(ratio_header, ratio_rows)}
+
+`Trainer.fit` with a `training_step` that does nothing runs at
+{ratios["fit / bare loop after the 1st batch"]:.2f} of the bare loader's rows/s after the
+first batch; `shuffle_clump_size=1024` at {ratios["clump rows/s / default"]:.2f} of the
+default's rows/s. Per configuration:
 
 {table(header, rows)}
 """

@@ -95,9 +95,10 @@ class SharedRanges:
 
     @classmethod
     def within(cls, byte_budget_gb: float) -> SharedRanges:
-        """Limited to a sixteenth of the data module's byte budget (compressed packets:
-        4-20 KB a camera per cut at LeRobot's camera sizes, so a few MB cover a
-        dataset's cuts; past the limit the later side of a cut fetches its bytes)."""
+        """Limited to a sixteenth of the data module's byte budget: what is kept is
+        compressed packets, a group of pictures per camera per cut, far smaller than the
+        decoded frames the budget bounds; past the limit the later side of a cut fetches
+        its bytes."""
         return cls(int(byte_budget_gb * 2**30) // 16)
 
     def read(
