@@ -14,6 +14,7 @@ _PUBLIC = {
     "LanceDataModule": "lightning_stream.lance.datamodule",
     "LoaderMonitor": "lightning_stream.monitor",
     "StreamStateCallback": "lightning_stream.callback",
+    "TokenPacking": "lightning_stream.packing.option",
     "VideoEpisodeDataModule": "lightning_stream.video.datamodule",
 }
 
@@ -22,6 +23,7 @@ __all__ = [
     "LanceDataModule",
     "LoaderMonitor",
     "StreamStateCallback",
+    "TokenPacking",
     "VideoEpisodeDataModule",
     "__version__",
 ]
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from lightning_stream.checkpoint_io import AtomicCheckpointIO
     from lightning_stream.lance.datamodule import LanceDataModule
     from lightning_stream.monitor import LoaderMonitor
+    from lightning_stream.packing.option import TokenPacking
     from lightning_stream.video.datamodule import VideoEpisodeDataModule
 
 

@@ -282,6 +282,19 @@ class ReaderOrder:
         local, positions = self.plan.head_order()
         return local + self.plan.splits.start, positions
 
+    @cached_property
+    def spans(self) -> dict[int, tuple[int, int]]:
+        """The first position this reader serves of each split it serves, and the
+        position after its last."""
+        heads, positions = self._head
+        spans: dict[int, tuple[int, int]] = {}
+        for split, position in zip(heads.tolist(), positions.tolist(), strict=True):
+            spans[split] = (spans.get(split, (position,))[0], position + 1)
+        if self.plan.level < self.plan.split_len:
+            for split in self.splits:
+                spans[split] = (spans.get(split, (self.plan.level,))[0], self.plan.split_len)
+        return spans
+
     def __len__(self) -> int:
         cycles = self.plan.split_len - self.plan.level
         return len(self._head[0]) + len(self.splits) * cycles

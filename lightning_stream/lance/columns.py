@@ -70,7 +70,11 @@ class BatchMaker:
         self.transform = transform
 
     def __call__(self, rows: pa.Table) -> Batch:
-        return self.transformed(to_batch(self.types, self.types.to_wire(rows)))
+        return self.from_wire(self.types.to_wire(rows))
+
+    def from_wire(self, wire: dict[str, Any]) -> Batch:
+        """The batch of arrays made in a reader (:func:`to_batch`), transformed."""
+        return self.transformed(to_batch(self.types, wire))
 
     def transformed(self, batch: Batch) -> Batch:
         """``batch`` after the user's ``transform`` (checked to keep its rows)."""

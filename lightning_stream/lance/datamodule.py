@@ -14,10 +14,11 @@ from lightning_stream.allocator import keep_read_buffers
 from lightning_stream.batching import Batch
 from lightning_stream.datamodule import StreamingDataModule, check_positive
 from lightning_stream.lance.evaluation import EvaluationLoader
-from lightning_stream.lance.order import CLUMP_ROWS
+from lightning_stream.lance.setup_report import check_rows, report_layout
 from lightning_stream.lance.source import LanceSource
+from lightning_stream.packing.option import TokenPacking
 from lightning_stream.plan import check_topology
-from lightning_stream.storage import check_options, is_remote
+from lightning_stream.storage import check_options
 from lightning_stream.workers.checks import check_sendable
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,13 @@ class LanceDataModule(StreamingDataModule):
             validation, test, predict) is copied into page-locked memory in the training
             process, for Lightning's ``non_blocking`` copy to the device; without one, a
             warning once and no effect. Default ``False``; the batches' rows do not change.
+        pack: pack the documents of a token column into fixed-length blocks
+            (:class:`~lightning_stream.packing.TokenPacking`: the column, ``block_size``,
+            ``eos_id``, ``pad_id``); default ``None`` serves rows. A sample is then a
+            block, ``batch_size`` counts blocks, and each split is a stream of tokens cut
+            into the same number of blocks: the resume guarantee holds per token (every
+            token of an epoch reaches ``training_step`` once, on any topology).
+            Validation, test and predict rows are packed the same way, in storage order.
     """
 
     def __init__(
@@ -151,6 +159,7 @@ class LanceDataModule(StreamingDataModule):
         read_ahead_bytes: int = 256 * 2**20,
         storage_options: dict[str, str] | None = None,
         pin_memory: bool = False,
+        pack: TokenPacking | None = None,
     ) -> None:
         super().__init__(pin_memory)
         check_options(storage_options)
@@ -158,6 +167,11 @@ class LanceDataModule(StreamingDataModule):
         check_positive(read_ahead_bytes=read_ahead_bytes)
         if shuffle_clump_size is not None:
             check_positive(shuffle_clump_size=shuffle_clump_size)
+        if pack is not None and columns is not None:
+            raise ValueError(
+                f"columns={columns!r} with pack: a packed batch holds the blocks of"
+                f" pack.column={pack.column!r} only; leave columns=None"
+            )
         if num_workers < 0:
             raise ValueError(f"num_workers must be 0 or more, got {num_workers}")
         for stage, given in (
@@ -188,6 +202,7 @@ class LanceDataModule(StreamingDataModule):
         self.shuffle_clump_size = shuffle_clump_size
         self.read_ahead_bytes = read_ahead_bytes
         self.storage_options = storage_options
+        self.pack = pack
         self._val: LanceSource | None = None
         self._evaluation: dict[str, LanceSource] = {}
 
@@ -199,15 +214,15 @@ class LanceDataModule(StreamingDataModule):
             check_sendable(self.transform, "transform")
         if stage == "fit":
             source = self._source(self.table, self.filter, self.shuffle, self.version)
-            self._check_rows(source, "filter", self.filter)
+            check_rows(source, "filter", self.filter, self.num_splits)
             self._start_stream(source, self.num_workers)
-            self._report_layout(source, world_size)
+            report_layout(source, self.shuffle, self.batch_size, world_size)
             if self.num_workers:
                 source.start_workers(self.num_workers)
         if stage in ("fit", "validate") and (self.val_filter or self.val_table):
             name = self.val_table or self.table
             self._val = self._source(name, self.val_filter, False, None)
-            self._check_rows(self._val, "val_filter", self.val_filter, world_size)
+            check_rows(self._val, "val_filter", self.val_filter, world_size, "world_size")
         for evaluation in ("test", "predict"):
             if stage == evaluation:  # stage may be Lightning's TrainerFn, a str enum
                 self._evaluation[evaluation] = self._evaluation_source(evaluation)
@@ -226,7 +241,7 @@ class LanceDataModule(StreamingDataModule):
         # rows of the training table are read at the training version
         version = self.version if table_name is None else None
         source = self._source(table_name or self.table, filter, False, version)
-        self._check_rows(source, f"{stage}_filter", filter, parts=1)
+        check_rows(source, f"{stage}_filter", filter, 1, "world_size")
         return source
 
     def _source(
@@ -249,64 +264,9 @@ class LanceDataModule(StreamingDataModule):
             transform=self.transform,
             read_ahead_bytes=self.read_ahead_bytes,
             storage_options=self.storage_options,
+            pack=self.pack,
         )
         return source
-
-    def _check_rows(
-        self, source: LanceSource, argument: str, filter: str | None, parts: int | None = None
-    ) -> None:
-        needed = parts or self.num_splits
-        if source.rows == 0:
-            total = source.table.count_rows()
-            if total == 0:
-                raise ValueError(
-                    f"table {source.name!r} in {self.uri!r} is empty: add rows to it, or pass"
-                    " the name of a table that has some"
-                )
-            raise ValueError(
-                f"{argument}={filter!r} selects no rows of table {source.name!r} (it has"
-                f" {total} rows); loosen it"
-            )
-        if source.rows < needed:
-            what = "num_splits" if parts is None else "world_size"
-            raise ValueError(
-                f"table {source.name!r} has {source.rows} rows ({argument}={filter!r}), fewer"
-                f" than {what}={needed}; every split needs at least one row, so lower"
-                f" {what} or add rows"
-            )
-
-    def _report_layout(self, source: LanceSource, world_size: int) -> None:
-        if is_remote(self.uri) and self.shuffle and self.shuffle_clump_size == 1:
-            log.warning(
-                "%s is on an object store and rows are shuffled one by one"
-                " (shuffle_clump_size=1): each read of scattered rows fetches whole pages,"
-                " several times the table's bytes per epoch (docs/object-stores.md); leave"
-                " shuffle_clump_size=None to read clumps of up to %d rows",
-                self.uri,
-                CLUMP_ROWS,
-            )
-        surplus = source.rows % self.num_splits
-        log.info(
-            "%s: %d rows in %d splits of %d, shuffled in clumps of %d rows; %d surplus"
-            " rows per epoch are left out",
-            source.name,
-            source.rows,
-            self.num_splits,
-            source.split_len,
-            source.shuffle_clump_size or 1,
-            surplus,
-        )
-        global_batch = self.batch_size * world_size
-        if global_batch % self.num_splits:
-            log.warning(
-                "global batch %d (batch_size %d x world_size %d) is not a multiple of"
-                " num_splits=%d: the epoch's samples are the same on every topology, but"
-                " which samples share a global step differs between topologies",
-                global_batch,
-                self.batch_size,
-                world_size,
-                self.num_splits,
-            )
 
     @override
     def teardown(self, stage: str) -> None:

@@ -50,7 +50,7 @@ class ReadCounters:
     :class:`~lightning_stream.serving.ServingEngine` adds every reader's up.
     """
 
-    FIELDS = ("resident_bytes", "bytes_loaded", "rows_read")
+    FIELDS = ("resident_bytes", "bytes_loaded", "rows_read", "tokens", "padding_tokens")
 
     def __init__(self) -> None:
         self.values = dict.fromkeys(self.FIELDS, 0)

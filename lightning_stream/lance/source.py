@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import lancedb
@@ -22,10 +23,19 @@ from lightning_stream.lance.order import (
     pool_clumps,
 )
 from lightning_stream.lance.pace import LOCAL_PACE, REMOTE_PACE
-from lightning_stream.lance.reader import ReadCounters, RowOrder, TableOpener
+from lightning_stream.lance.packed import (
+    PackJob,
+    PackRows,
+    TokenCounts,
+    default_cache_dir,
+    token_lengths_file,
+)
+from lightning_stream.lance.reader import ReadCounters, TableOpener
 from lightning_stream.lance.selection import Selection, select_rows
 from lightning_stream.lance.task import ReadJob, ReadTask
-from lightning_stream.plan import ReaderOrder
+from lightning_stream.packing.layout import ReaderBlocks, TokenLayout
+from lightning_stream.packing.option import TokenPacking
+from lightning_stream.plan import BatchSizes, RankEpochPlan, ReaderOrder
 from lightning_stream.serving import PoolSpec, ServingEngine
 from lightning_stream.state import DEFAULT
 from lightning_stream.storage import is_remote, storage_error
@@ -89,7 +99,7 @@ class LanceSource:
     :class:`~lightning_stream.lance.task.ReadTask`.
     """
 
-    cumulative = ("bytes_loaded", "rows_read")
+    cumulative = ("bytes_loaded", "rows_read", "tokens", "padding_tokens")
 
     def __init__(
         self,
@@ -106,12 +116,13 @@ class LanceSource:
         transform: Callable[[Batch], Batch] | None,
         read_ahead_bytes: int,
         storage_options: dict[str, str] | None = None,
+        pack: TokenPacking | None = None,
     ) -> None:
         self.uri, self.name, self.storage_options = uri, table, storage_options
         self.num_splits, self.shuffle, self.shuffle_seed = num_splits, shuffle, shuffle_seed
         self.requested_clump_size = shuffle_clump_size
         self.columns, self.filter, self.transform = columns, filter, transform
-        self.read_ahead_bytes = read_ahead_bytes
+        self.read_ahead_bytes, self.pack = read_ahead_bytes, pack
         self.read_counters = ReadCounters()  # this process's reads
         self.pace = REMOTE_PACE if is_remote(uri) else LOCAL_PACE
         self._open(version)
@@ -133,6 +144,19 @@ class LanceSource:
         self.shuffle_clump_size = clump_rows(self.requested_clump_size, self.rows, self.num_splits)
         self.pool_size = pool_clumps(self.shuffle_clump_size, self._row_bytes())
         self.types = ColumnTypes.of_schema(self.table.schema, self.columns)
+        self.tokens: TokenCounts | None = None
+        if self.pack is not None:
+            self._count_tokens(self.pack)
+
+    def _count_tokens(self, pack: TokenPacking) -> None:
+        """Blocks instead of rows: each split's ``split_len`` counts blocks."""
+        pack.check_column(self.table.schema, self.name)
+        cache = Path(pack.cache_dir) if pack.cache_dir else default_cache_dir()
+        path = token_lengths_file(self.table, self.opener, pack.column, cache)
+        clump = self.shuffle_clump_size
+        self.tokens = TokenCounts(path, self.rows, clump, pack.eos_tokens, self.selection)
+        self.split_len = self.token_layout(0).blocks
+        self.types = ColumnTypes({}, frozenset())  # every array a tensor
 
     def _select(self) -> Selection | None:
         """The rows ``filter`` selects (one scan of its columns), or ``None``: all rows."""
@@ -178,6 +202,7 @@ class LanceSource:
             "shuffle_clump_size": (self.requested_clump_size or DEFAULT) if self.shuffle else None,
             "filter": self.filter,
             "columns": self.columns,
+            "pack": self.pack.identity if self.pack is not None else None,
         }
 
     def pin(self, identity: dict[str, Any]) -> None:
@@ -197,14 +222,41 @@ class LanceSource:
         shuffle = (self.shuffle, self.shuffle_seed, epoch)
         return TableOrder(*layout, *shuffle, self.selection, self.pool_size)
 
-    def storage_rows(self, start: int, stop: int) -> StorageRows:
-        """Selected rows ``[start, stop)``, in storage order."""
-        return StorageRows(self.selection, start, stop)
+    def token_layout(self, epoch: int, num_splits: int | None = None) -> TokenLayout:
+        """The token stream of ``epoch`` (packing only), in ``num_splits`` splits (default:
+        the source's)."""
+        assert self.tokens is not None and self.pack is not None
+        splits = num_splits or self.num_splits
+        shuffle = (self.shuffle, self.shuffle_seed, epoch)
+        return self.tokens.layout(splits, self.pack.block_size, *shuffle)
 
-    def read_here(self, rows: RowOrder, sizes: Sequence[int]) -> Iterator[Batch]:
-        """``rows`` read in this process, in order, as batches of ``sizes`` rows."""
+    @property
+    def read_columns(self) -> list[str] | None:
+        return [self.pack.column] if self.pack is not None else self.columns
+
+    def storage_job(self, rank: int, world_size: int, batch_size: int) -> ReadJob | PackJob:
+        """Rank ``rank``'s part of the rows in storage order, read in this process
+        (validation, test, predict): ``world_size`` contiguous parts, every row once.
+        Rows: the first parts one row longer when they do not divide. Packed: the token
+        stream cut into ``world_size`` parts of the same number of blocks, the last
+        one's end padded."""
+        make = self.batch_maker()
+        if self.pack is not None:
+            layout = self.token_layout(0, world_size)
+            zeros = (0,) * world_size
+            plan = RankEpochPlan(zeros, layout.blocks, world_size, rank, 0, batch_size)
+            order = ReaderOrder.of_worker(plan, 0)
+            rows = PackRows(ReaderBlocks(layout, order), self.selection)
+            return PackJob(rows, order.sizes, self.opener, self.pack, make.from_wire)
+        part, longer = divmod(self.rows, world_size)
+        start = rank * part + min(rank, longer)
+        storage = StorageRows(self.selection, start, start + part + (rank < longer))
+        return ReadJob(storage, BatchSizes.cut(len(storage), batch_size), self.opener, make)
+
+    def read_here(self, job: ReadJob | PackJob) -> Iterator[Batch]:
+        """``job`` read in this process, in order."""
         task, reader = self.reader_here()
-        return task.run(reader, ReadJob(rows, sizes, self.opener, self.batch_maker()))
+        return task.run(reader, job)
 
     def batch_maker(self) -> BatchMaker:
         return BatchMaker(self.types, self.transform)
@@ -218,7 +270,7 @@ class LanceSource:
         return f"reading table {self.name!r}"
 
     def reader_here(self) -> tuple[ReadTask, Any]:
-        task = ReadTask(self.opener, self.columns, self.read_ahead_bytes, self.pace)
+        task = ReadTask(self.opener, self.read_columns, self.read_ahead_bytes, self.pace)
         return task, task.reader_of(self.table, self.read_counters)
 
     def pool(self, workers: int, batch_size: int) -> PoolSpec:
@@ -228,12 +280,21 @@ class LanceSource:
         share = self.read_ahead_bytes // workers
         slot_bytes = share // (4 * SLOTS)
         budget = share - SLOTS * slot_bytes
-        task = ReadTask(self.opener, self.columns, budget, self.pace.for_workers())
+        task = ReadTask(self.opener, self.read_columns, budget, self.pace.for_workers())
         return PoolSpec(task, slot_bytes, "lance-reader")
 
-    def job(self, epoch: int, order: ReaderOrder, pooled: bool) -> ReadJob:
+    def job(self, epoch: int, order: ReaderOrder, pooled: bool) -> ReadJob | PackJob:
+        if self.pack is not None:
+            rows = PackRows(ReaderBlocks(self.token_layout(epoch), order), self.selection)
+            return PackJob(rows, order.sizes, self.opener, self.pack, self._block_maker(pooled))
         rows = ReaderRows(self.epoch_order(epoch), order)
         return ReadJob(rows, order.sizes, self.opener, self._maker(pooled))
+
+    def _block_maker(self, pooled: bool) -> Callable[[dict[str, Any]], Any] | None:
+        """What a reader makes of a batch of blocks: as :meth:`_maker`, from its arrays."""
+        if not pooled:
+            return BatchMaker(self.types, None).from_wire
+        return self.batch_maker().from_wire if self.transform is not None else None
 
     def _maker(self, pooled: bool) -> Callable[[pa.Table], Any]:
         """What a reader makes of its rows. A worker makes the batch and runs the

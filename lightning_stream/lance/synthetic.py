@@ -111,3 +111,47 @@ def make_light_table(
             table = db.create_table(name, part, mode="overwrite")
         else:
             table.add(part)
+
+
+# A document's tokens say where they come from: token = document * MAX_DOCUMENT + position
+MAX_DOCUMENT = 20_000
+
+
+def document_lengths(documents: int, seed: int = 0) -> np.ndarray:
+    """Heavy-tailed document lengths from 1 to ``MAX_DOCUMENT`` tokens (a Pareto tail:
+    most documents short, a few very long), the first two exactly 1 and ``MAX_DOCUMENT``."""
+    rng = np.random.default_rng(seed)
+    lengths = np.floor(24 * (1 + rng.pareto(1.2, documents))).astype(np.int64) - 23
+    lengths = np.clip(lengths, 1, MAX_DOCUMENT)
+    lengths[: min(2, documents)] = [1, MAX_DOCUMENT][: min(2, documents)]
+    return lengths
+
+
+def make_token_table(
+    uri: str, documents: int, name: str = "documents", seed: int = 0, chunk: int = 10_000
+) -> np.ndarray:
+    """A table of ``documents`` tokenised documents (``id`` and ``tokens``, a
+    ``list<int32>``) of :func:`document_lengths`; returns the lengths. Token ``p`` of
+    document ``d`` is ``d * MAX_DOCUMENT + p``, so a block's tokens name their source."""
+    lengths = document_lengths(documents, seed)
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64(), nullable=False),
+            pa.field("tokens", pa.list_(pa.int32()), nullable=False),
+        ]
+    )
+    db = lancedb.connect(uri)
+    table = None
+    for start in range(0, documents, chunk):
+        part = lengths[start : start + chunk]
+        ids = np.arange(start, start + len(part), dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(part)]).astype(np.int32)
+        within = np.arange(offsets[-1]) - np.repeat(offsets[:-1], part)
+        values = (np.repeat(ids, part) * MAX_DOCUMENT + within).astype(np.int32)
+        tokens = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+        rows = pa.table([pa.array(ids), tokens], schema=schema)
+        if table is None:
+            table = db.create_table(name, rows, mode="overwrite")
+        else:
+            table.add(rows)
+    return lengths

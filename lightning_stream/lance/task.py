@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -28,6 +28,9 @@ from lightning_stream.lance.reader import (
     RowOrder,
     TableOpener,
 )
+
+if TYPE_CHECKING:
+    from lightning_stream.lance.packed import PackJob
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,14 @@ class ReadJob:
     sizes: Sequence[int]
     opener: TableOpener
     make: Callable[[pa.Table], Any]
+
+    def payloads(self, reader: BudgetedReader) -> Iterator[Any]:
+        tables = reader.batches(self.sizes)
+        try:
+            for table in tables:
+                yield self.make(table)
+        finally:
+            tables.close()
 
 
 @dataclass
@@ -71,7 +82,7 @@ class ReadTask:
         """A reader on a table this process already opened, adding to ``counters``."""
         return _Reader(self.opener, table, counters)
 
-    def run(self, state: _Reader, job: ReadJob) -> Iterator[Any]:
+    def run(self, state: _Reader, job: ReadJob | PackJob) -> Iterator[Any]:
         if job.opener != state.opener:  # a resume pins another version
             state.opener, state.table = job.opener, job.opener()
         reader = BudgetedReader(
@@ -81,12 +92,11 @@ class ReadTask:
             state.counters,
             self.pace,
         )
-        tables = reader.batches(job.sizes)
+        payloads = job.payloads(reader)
         try:
-            for table in tables:
-                yield job.make(table)
+            yield from payloads
         finally:
-            tables.close()
+            payloads.close()
 
     def counters(self, state: _Reader) -> dict[str, float]:
         return state.counters.totals()
