@@ -1,0 +1,260 @@
+"""Packed token blocks: every token of an epoch once across kills and resumes on other
+topologies, and the arrays of every block right against the documents it holds.
+
+The table holds 50,000 documents of 1 to 20,000 tokens (a heavy tail,
+:func:`~lightning_stream.lance.synthetic.document_lengths`) whose tokens name their
+document and position, so a block's tokens say where each came from.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lightning_stream import LanceDataModule, TokenPacking
+from lightning_stream.lance.synthetic import MAX_DOCUMENT, make_token_table
+from lightning_stream.packing.blocks import BlockBuilder
+from lightning_stream.packing.layout import ReaderBlocks, TokenLayout
+from lightning_stream.packing.option import IGNORE_INDEX
+from lightning_stream.placement import ClumpLayout, epoch_permutation
+from lightning_stream.plan import RankEpochPlan, ReaderOrder
+
+from . import pack_run
+from .conftest import train
+
+DOCUMENTS = 50_000
+SPLITS = 12
+BATCH = 8
+EOS, PAD = pack_run.EOS_ID, pack_run.PAD_ID
+
+
+@pytest.fixture(scope="module")
+def token_dir(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("tokens")
+    lengths = make_token_table(str(workdir / "db"), DOCUMENTS)
+    return workdir, lengths
+
+
+def every_token(lengths: np.ndarray) -> np.ndarray:
+    """The tokens of every document, sorted (end-of-document tokens aside)."""
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    within = np.arange(lengths.sum()) - starts
+    return np.repeat(np.arange(len(lengths)), lengths) * MAX_DOCUMENT + within
+
+
+def assert_every_token_once(tokens: np.ndarray, lengths: np.ndarray) -> None:
+    assert (tokens == EOS).sum() == len(lengths), "one end-of-document token a document"
+    tokens = np.sort(tokens[tokens != EOS].astype(np.int64))
+    expected = every_token(lengths)
+    assert len(tokens) == len(expected)
+    assert np.array_equal(tokens, expected), "a token was lost or repeated"
+
+
+def check_block(block: dict[str, np.ndarray], lengths: np.ndarray) -> None:
+    """One block's arrays against the documents its tokens name."""
+    ids, labels = block["input_ids"], block["labels"]
+    positions, segment = block["position_ids"], block["document_ids"]
+    cu = block["cu_seqlens"]
+    size = len(ids)
+    assert cu[0] == 0 and cu[-1] == size and (np.diff(cu) >= 0).all()
+    ends = [int(e) for e in np.unique(cu[1:])]
+    starts = [0, *ends[:-1]]
+    assert block["max_seqlen"] == max(e - s for s, e in zip(starts, ends, strict=True))
+    padded = ids == PAD
+    assert (labels[padded] == IGNORE_INDEX).all() and (segment[padded] == -1).all()
+    for index, (start, end) in enumerate(zip(starts, ends, strict=True)):
+        span = slice(start, end)
+        assert np.array_equal(positions[span], np.arange(end - start))
+        if padded[start]:
+            assert padded[span].all() and end == size, "padding is the last segment"
+            continue
+        assert (segment[span] == index).all()
+        real = ids[span][ids[span] != EOS]
+        documents = np.unique(real // MAX_DOCUMENT)
+        assert len(documents) <= 1, "a segment holds one document"
+        if len(real):
+            within = real % MAX_DOCUMENT
+            assert np.array_equal(within, np.arange(within[0], within[0] + len(real)))
+            if ids[end - 1] == EOS:
+                assert within[-1] == lengths[documents[0]] - 1, "EOS ends its document"
+        assert np.array_equal(labels[start : end - 1], ids[start + 1 : end])
+        last = int(ids[end - 1])
+        if last == EOS:
+            assert labels[end - 1] == IGNORE_INDEX
+        elif last % MAX_DOCUMENT + 1 < lengths[last // MAX_DOCUMENT]:
+            assert labels[end - 1] == last + 1, "a document that goes on: its next token"
+        else:
+            assert labels[end - 1] == EOS
+
+
+def causal_mask(cu_seqlens: np.ndarray, size: int) -> np.ndarray:
+    """Which position attends to which, from a block's segment boundaries."""
+    segment = np.searchsorted(cu_seqlens[1:], np.arange(size), side="right")
+    return (segment[:, None] == segment[None, :]) & np.tri(size, dtype=bool)
+
+
+def document_of_each_position(ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The document each position holds, from the tokens alone: an end-of-document
+    token belongs to the document before it (or, opening the block, to the one the
+    previous block ended); padding is -1."""
+    documents = np.where(ids == PAD, -1, ids // MAX_DOCUMENT)
+    for position in np.flatnonzero(ids == EOS):
+        documents[position] = documents[position - 1] if position else -2
+    return documents
+
+
+def test_one_epoch_every_block_against_its_documents_every_token_once(token_dir, tmp_path):
+    workdir, lengths = token_dir
+    packing = TokenPacking("tokens", 2048, EOS, PAD, str(tmp_path / "cache"))
+    dm = LanceDataModule(
+        str(workdir / "db"), "documents", num_splits=SPLITS, batch_size=BATCH, pack=packing
+    )
+    dm.setup("fit")
+    tokens, padding, masks = [], 0, 0
+    for batch in dm.train_dataloader():
+        assert batch["input_ids"].dtype == torch.int64 and batch["cu_seqlens"].dtype == torch.int32
+        arrays = {name: value.numpy() for name, value in batch.items()}
+        for row in range(len(arrays["input_ids"])):
+            block = {name: value[row] for name, value in arrays.items()}
+            check_block(block, lengths)
+            documents = document_of_each_position(block["input_ids"], lengths)
+            truth = (documents[:, None] == documents[None, :]) & np.tri(2048, dtype=bool)
+            if len(np.unique(block["cu_seqlens"])) > 3:
+                masks += 1
+                assert np.array_equal(causal_mask(block["cu_seqlens"], 2048), truth)
+        tokens.append(arrays["input_ids"][arrays["document_ids"] >= 0])
+        padding += int((arrays["document_ids"] < 0).sum())
+    assert masks > 100
+    tokens = np.concatenate(tokens)
+    assert_every_token_once(tokens, lengths)
+    assert padding / (padding + len(tokens)) < 0.01
+    assert dm.stream.counters()["padding_tokens"] >= padding
+    dm.teardown("fit")
+
+
+@pytest.fixture(scope="module")
+def saved_packed_run(token_dir):
+    workdir, lengths = token_dir
+    total = int(lengths.sum()) + DOCUMENTS
+    blocks = math.ceil(total / (SPLITS * 2048))
+    last_of_epoch = math.ceil(blocks * SPLITS // 2 / BATCH)
+    steps = ("37", str(last_of_epoch))
+    out, _ = packed_train(
+        workdir, "save-w2k2", "--devices", "2", "--workers", "2", *("--save-at", *steps)
+    )
+    return out, int(steps[0]), last_of_epoch
+
+
+def packed_train(workdir, name, *args):
+    return train(
+        workdir,
+        name,
+        "--batch-size",
+        str(BATCH),
+        "--num-splits",
+        str(SPLITS),
+        "--cache-dir",
+        str(workdir / "cache"),
+        *args,
+        module="tests.pack_run",
+    )
+
+
+def assert_exact_epochs(entries, lengths, epochs: int) -> None:
+    for epoch in range(epochs):
+        mine = [e for e in entries if e[0] == epoch]
+        assert all(e[1] == epoch for e in mine), "Lightning's epoch is the stream's"
+        assert_every_token_once(np.concatenate([e[3] for e in mine]), lengths)
+    assert {e[0] for e in entries} == set(range(epochs))
+
+
+def test_the_saving_packed_run_is_exact(token_dir, saved_packed_run):
+    out, _, _ = saved_packed_run
+    assert_exact_epochs(pack_run.read(out / "ledger"), token_dir[1], epochs=2)
+
+
+@pytest.mark.parametrize("at_end", [False, True], ids=["mid-epoch", "last-block"])
+@pytest.mark.parametrize(("devices", "workers"), [(1, 0), (3, 2)])
+def test_packed_resume_on_another_topology_is_exact(
+    token_dir, saved_packed_run, at_end, devices, workers
+):
+    workdir, lengths = token_dir
+    out, mid, last = saved_packed_run
+    step = last if at_end else mid
+    resumed, _ = packed_train(
+        workdir,
+        f"resume-{step}-w{devices}k{workers}",
+        *("--devices", str(devices), "--workers", str(workers)),
+        *("--ckpt-path", str(out / "ckpt" / f"step={step}.ckpt")),
+    )
+    before = [e for e in pack_run.read(out / "ledger") if e[2] < step]
+    after = pack_run.read(resumed / "ledger")
+    if at_end:
+        assert {e[0] for e in after} == {1}, "a last-block checkpoint resumes at epoch 1"
+    assert_exact_epochs(before + after, lengths, epochs=2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=8, max_size=60),
+    block_size=st.integers(1, 16),
+    clump=st.integers(1, 5),
+    eos=st.booleans(),
+    topology=st.sampled_from([(1, 0), (2, 2), (4, 1), (1, 4)]),
+    lag=st.lists(st.integers(0, 3), min_size=4, max_size=4),
+)
+def test_every_topology_and_resume_point_packs_the_same_blocks(
+    lengths, block_size, clump, eos, topology, lag
+):
+    """Pure arithmetic: the blocks of every split, read by the readers of any topology
+    from any consumed counts, are the same blocks, every token of the epoch once."""
+    num_splits, (world, workers) = 4, topology
+    counts = np.asarray(lengths, dtype=np.int64) + eos
+    rows = len(lengths)
+    clumps = ClumpLayout(rows, clump, epoch_permutation(-(-rows // clump), 3, 1, True))
+    sums = np.add.reduceat(counts, np.arange(0, rows, clump))
+    layout = TokenLayout(clumps, sums, lambda c: counts[c * clump : (c + 1) * clump], 4, block_size)
+    packing = TokenPacking("tokens", block_size, 7 if eos else None, 99)
+    documents = [np.arange(n) + 100 * row for row, n in enumerate(lengths)]
+    storage = np.arange(rows)
+
+    def blocks(consumed, world, workers):
+        served = {}
+        for rank in range(world):
+            plan = RankEpochPlan(tuple(consumed), layout.blocks, world, rank, workers, 3)
+            orders = [ReaderOrder(plan, range(0), head=True)] if workers > 1 else []
+            orders += [ReaderOrder.of_worker(plan, w) for w in range(max(1, workers))]
+            for order in orders:
+                reader = ReaderBlocks(layout, order)
+                builder = BlockBuilder(packing, layout.total)
+                needs = reader.needs(0, len(reader))
+                rows_read = iter(storage[layout.selected(needs.laid)])
+                assert len(needs.laid) == reader.row_count
+                for split, block, start, count, offset in zip(
+                    needs.splits,
+                    *order.positions(0, len(order))[1:],
+                    needs.starts,
+                    needs.rows,
+                    needs.offsets,
+                    strict=True,
+                ):
+                    docs = [builder.document(documents[next(rows_read)], "t") for _ in range(count)]
+                    served[(int(split), int(block))] = builder.block(split, start, docs, offset)
+        return served
+
+    whole = blocks([0] * num_splits, 1, 0)
+    assert sorted(whole) == [(s, b) for s in range(num_splits) for b in range(layout.blocks)]
+    consumed = [min(layout.blocks, x) for x in lag]
+    rest = blocks(consumed, world, workers)
+    expected = {k: v for k, v in whole.items() if k[1] >= consumed[k[0]]}
+    assert sorted(rest) == sorted(expected)
+    for key, block in rest.items():
+        for name, value in block.items():
+            assert np.array_equal(value, expected[key][name]), (key, name)
+    tokens = np.concatenate([b["input_ids"][b["document_ids"] >= 0] for b in whole.values()])
+    assert len(tokens) == counts.sum()
