@@ -1,4 +1,4 @@
-"""configs/world_model.yaml runs as it is under LightningCLI, with DDP, and resumes."""
+"""The configs under configs/ run as they are under LightningCLI, with DDP, and resume."""
 
 import csv
 import os
@@ -54,3 +54,18 @@ def test_video_policy_config_trains_on_two_processes_and_resumes_on_one(tmp_path
         logged = list(csv.DictReader(rows))
     assert any(row.get("train/mae") for row in logged)
     assert any(row.get("loader/wait_share") for row in logged)
+
+
+def test_language_model_config_packs_on_two_processes_and_resumes_on_one(tmp_path):
+    lm = {"example": "train_language_model", "config": "language_model"}
+    flags = ["--data.documents=2000", f"--data.pack.cache_dir={tmp_path / 'token-counts'}"]
+    ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.max_epochs=1"]
+    cli(tmp_path, *flags, *ddp, **lm)
+    checkpoints = tmp_path / "runs" / "language_model" / "checkpoints"
+    mid_epoch = checkpoints / "epoch=0-step=20.ckpt"
+    assert mid_epoch.exists(), sorted(p.name for p in checkpoints.iterdir())
+    cli(tmp_path, *flags, "--trainer.max_epochs=2", f"--ckpt_path={mid_epoch}", **lm)
+    metrics = sorted((tmp_path / "runs" / "language_model").glob("lightning_logs/*/metrics.csv"))
+    with metrics[-1].open() as rows:
+        losses = [float(row["train/loss"]) for row in csv.DictReader(rows) if row["train/loss"]]
+    assert losses and losses[-1] < losses[0], "the resumed run learns"

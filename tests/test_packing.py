@@ -258,3 +258,50 @@ def test_every_topology_and_resume_point_packs_the_same_blocks(
             assert np.array_equal(value, expected[key][name]), (key, name)
     tokens = np.concatenate([b["input_ids"][b["document_ids"] >= 0] for b in whole.values()])
     assert len(tokens) == counts.sum()
+
+
+@pytest.fixture(scope="module")
+def small_token_uri(tmp_path_factory) -> str:
+    uri = str(tmp_path_factory.mktemp("small-tokens") / "db")
+    make_token_table(uri, 300)
+    return uri
+
+
+def test_block_size_below_one_is_refused():
+    with pytest.raises(ValueError, match=r"TokenPacking\(block_size=0\)"):
+        TokenPacking("tokens", 0)
+
+
+def test_a_column_that_is_not_a_list_of_integers_is_named(small_token_uri, tmp_path):
+    packing = TokenPacking("id", 64, cache_dir=str(tmp_path))
+    dm = LanceDataModule(small_token_uri, "documents", num_splits=4, batch_size=2, pack=packing)
+    with pytest.raises(ValueError, match=r"TokenPacking\(column='id'\) has type int64"):
+        dm.setup("fit")
+
+
+def test_columns_beside_pack_are_refused(small_token_uri):
+    with pytest.raises(ValueError, match=r"columns=\['id'\] with pack"):
+        LanceDataModule(
+            small_token_uri,
+            "documents",
+            num_splits=4,
+            batch_size=2,
+            columns=["id"],
+            pack=TokenPacking("tokens", 64),
+        )
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_pad_id_that_is_a_token_of_the_data_is_named(small_token_uri, tmp_path, workers):
+    used = 3 * MAX_DOCUMENT  # document 3's first token
+    packing = TokenPacking("tokens", 64, pad_id=used, cache_dir=str(tmp_path))
+    dm = LanceDataModule(
+        small_token_uri, "documents", num_splits=4, batch_size=2, num_workers=workers, pack=packing
+    )
+    dm.setup("fit")
+    try:
+        with pytest.raises(ValueError, match=rf"TokenPacking\(pad_id={used}\) is a token"):
+            for _ in dm.train_dataloader():
+                pass
+    finally:
+        dm.teardown("fit")
