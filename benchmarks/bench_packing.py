@@ -1,0 +1,210 @@
+"""Packed token blocks: LanceDataModule(pack=...) against LitData's TokensLoader, same tokens.
+
+    python benchmarks/bench_packing.py [--documents 200000] [--block-size 2048]
+        [--batch-size 16] [--rounds 3] [--json benchmarks/results/bench_packing.json]
+
+LitData is an optional benchmark dependency, installed as for ``bench_litdata.py``:
+
+    pip install --no-deps litdata==0.2.76 && pip install tifffile obstore
+
+The documents (``--documents`` rows of 1 to 20,000 tokens, a heavy tail:
+``lightning_stream.lance.synthetic.make_token_table``) are written once as a LanceDB
+table and, document for document with its end-of-document token appended, as a LitData
+token dataset (``litdata.optimize`` with ``TokensLoader``). The token counts our packing
+needs are counted once, before the rounds (a cost per table version, not per epoch).
+Each configuration reads two shuffled epochs in a fresh process, the configurations
+interleaved, ``--rounds`` rounds:
+
+- ``ours``: ``LanceDataModule(pack=TokenPacking(block_size, eos_id, pad_id))`` at its
+  defaults otherwise (32 splits): batches of ``input_ids``, ``labels``, ``position_ids``,
+  ``document_ids``, ``cu_seqlens`` and ``max_seqlen``;
+- ``litdata``: ``StreamingDataset(item_loader=TokensLoader(block_size), shuffle=True)``
+  through ``StreamingDataLoader``: batches of ``input_ids`` only (blocks cut from the
+  concatenated tokens; labels, positions and document boundaries are left to the user).
+
+Reported per worker count (0 and 2): tokens/s after the first batch (median and range)
+and ours over LitData paired by round (after the first batch, and over the next epoch in
+the same process); the first batch's wait; and ours' peak resident memory of the process
+tree (workers included) above what it held at the first batch, against
+``read_ahead_bytes``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from fresh import hand_back, run_fresh
+from measure import PeakRss, rates, shown, spread, tree_rss_mb
+from record import save
+
+ROOT = Path(__file__).resolve().parents[1]
+NUM_SPLITS = 32
+EOS_ID, PAD_ID = 2**31 - 1, 2**31 - 2
+READ_AHEAD_BYTES = 256 * 2**20  # LanceDataModule's default
+CHUNK_DOCUMENTS = 10_000  # documents per optimize input
+
+
+def documents(spec: tuple[str, int, int]):
+    """LitData items: the tokens of documents ``start .. start + count`` of the table
+    at ``uri``, each followed by the end-of-document token."""
+    import lancedb
+    import numpy as np
+    import torch
+
+    uri, start, count = spec
+    table = lancedb.connect(uri).open_table("documents")
+    rows = table.search().offset(start).limit(count).select(["tokens"]).to_arrow()
+    for values in rows.column("tokens").to_numpy(zero_copy_only=False):
+        yield torch.from_numpy(np.append(values, np.int32(EOS_ID)).astype(np.int32))
+
+
+def epoch(config: str, uri: str, litdata_dir: str, cache: str, batch: int, block: int) -> dict:
+    """Two epochs of ``reader:workers`` in this (fresh) process."""
+    sys.path.insert(0, str(ROOT))
+    reader, workers = config.split(":")
+    workers = int(workers)
+    before = tree_rss_mb()
+    if reader == "ours":
+        from lightning_stream import LanceDataModule, TokenPacking
+
+        packing = TokenPacking("tokens", block, EOS_ID, PAD_ID, cache)
+        shape = {"num_splits": NUM_SPLITS, "batch_size": batch, "num_workers": workers}
+        dm = LanceDataModule(uri, "documents", **shape, pack=packing)
+        dm.setup("fit")
+        loader = dm.train_dataloader()
+    else:
+        from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
+
+        dataset = StreamingDataset(
+            litdata_dir, item_loader=TokensLoader(block_size=block), shuffle=True, seed=0
+        )
+        loader = StreamingDataLoader(dataset, batch_size=batch, num_workers=workers)
+    with PeakRss() as peak:
+        start, stamps, first_rss = one_pass(loader)
+    again_start, again, _ = one_pass(loader)
+    if reader == "ours":
+        dm.teardown("fit")
+    return {
+        **rates(start, stamps),
+        "first_batch_s": stamps[0][0] - start,
+        "tokens": sum(n for _, n in stamps),
+        "second_epoch": rates(again_start, again)["after_first"],
+        "start_mb": before,
+        "first_batch_mb": first_rss,
+        "peak_above_first_mb": peak.peak - first_rss,
+    }
+
+
+def one_pass(loader) -> tuple[float, list[tuple[float, int]], float]:
+    """One epoch: its start, each batch's (arrival, tokens), the RSS at the first batch."""
+    start = time.perf_counter()
+    stamps, first_rss = [], 0.0
+    for batch in loader:
+        ids = batch["input_ids"] if isinstance(batch, dict) else batch
+        stamps.append((time.perf_counter(), ids.numel()))
+        if len(stamps) == 1:
+            first_rss = tree_rss_mb()
+    return start, stamps, first_rss
+
+
+def write_data(tmp: Path, count: int) -> tuple[str, str, str]:
+    """The documents as a LanceDB table and a LitData token dataset; the token counts
+    cached. Returns the table's uri, the LitData directory and the cache directory."""
+    import litdata
+    from litdata import TokensLoader
+
+    from lightning_stream import LanceDataModule, TokenPacking
+    from lightning_stream.lance.synthetic import make_token_table
+
+    uri, out, cache = str(tmp / "db"), str(tmp / "litdata"), str(tmp / "cache")
+    make_token_table(uri, count)
+    specs = [(uri, s, min(CHUNK_DOCUMENTS, count - s)) for s in range(0, count, CHUNK_DOCUMENTS)]
+    litdata.optimize(
+        fn=documents,
+        inputs=specs,
+        output_dir=out,
+        chunk_size=2**22,
+        item_loader=TokensLoader(),
+        num_workers=1,
+        mode="overwrite",
+    )
+    packing = TokenPacking("tokens", 16, EOS_ID, PAD_ID, cache)
+    LanceDataModule(uri, "documents", num_splits=1, batch_size=1, pack=packing).setup("fit")
+    return uri, out, cache
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--documents", type=int, default=200_000)
+    parser.add_argument("--block-size", type=int, default=2048)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also keep the figures there")
+    args = parser.parse_args()
+    configs = [f"{reader}:{w}" for w in (0, 2) for reader in ("ours", "litdata")]
+    runs: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        uri, litdata_dir, cache = write_data(Path(tmp), args.documents)
+        for round_ in range(args.rounds):
+            runs.append({})
+            for config in configs:
+                arguments = [__file__, "--one", config, uri, litdata_dir, cache]
+                arguments += [str(args.batch_size), str(args.block_size)]
+                runs[-1][config] = run_fresh(arguments, f"round {round_} {config}")
+    figures = summary(runs)
+    report(figures)
+    if args.json:
+        result = {"documents": args.documents, "block_size": args.block_size}
+        result |= {"batch_size": args.batch_size, "rounds": args.rounds}
+        save(args.json, f"block {args.block_size}", {**result, "runs": runs, "figures": figures})
+
+
+def summary(runs: list[dict]) -> dict:
+    figures = {}
+    for workers in (0, 2):
+        ours = [r[f"ours:{workers}"] for r in runs]
+        theirs = [r[f"litdata:{workers}"] for r in runs]
+        paired = list(zip(ours, theirs, strict=True))
+        figures[f"{workers} workers"] = {
+            "ours_tokens_per_s": spread([r["after_first"] for r in ours]),
+            "litdata_tokens_per_s": spread([r["after_first"] for r in theirs]),
+            "ours_over_litdata": spread([a["after_first"] / b["after_first"] for a, b in paired]),
+            "ours_over_litdata_second_epoch": spread(
+                [a["second_epoch"] / b["second_epoch"] for a, b in paired]
+            ),
+            "ours_first_batch_s": statistics.median(r["first_batch_s"] for r in ours),
+            "litdata_first_batch_s": statistics.median(r["first_batch_s"] for r in theirs),
+            "ours_peak_above_first_mb": max(r["peak_above_first_mb"] for r in ours),
+            "read_ahead_mb": READ_AHEAD_BYTES / 2**20,
+            "tokens": [ours[0]["tokens"], theirs[0]["tokens"]],
+        }
+    return figures
+
+
+def report(figures: dict) -> None:
+    print(
+        f"\n{'workers':<10} {'ours tokens/s':>14} {'LitData':>12} {'ours/LitData':>18}"
+        f" {'epoch 2':>18} {'first batch s':>15} {'peak above first MB':>20}"
+    )
+    for name, f in figures.items():
+        print(
+            f"{name:<10} {f['ours_tokens_per_s']['median']:>14.0f}"
+            f" {f['litdata_tokens_per_s']['median']:>12.0f}"
+            f" {shown(f['ours_over_litdata']):>18}"
+            f" {shown(f['ours_over_litdata_second_epoch']):>18}"
+            f" {f['ours_first_batch_s']:>7.2f} / {f['litdata_first_batch_s']:<5.2f}"
+            f" {f['ours_peak_above_first_mb']:>10.0f} of {f['read_ahead_mb']:.0f}"
+        )
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--one"]:
+        config, uri, litdata_dir, cache, batch, block = sys.argv[2:8]
+        hand_back(epoch(config, uri, litdata_dir, cache, int(batch), int(block)))
+    else:
+        main()
