@@ -20,13 +20,17 @@ interleaved, ``--rounds`` rounds:
   ``document_ids``, ``cu_seqlens`` and ``max_seqlen``;
 - ``litdata``: ``StreamingDataset(item_loader=TokensLoader(block_size), shuffle=True)``
   through ``StreamingDataLoader``: batches of ``input_ids`` only (blocks cut from the
-  concatenated tokens; labels, positions and document boundaries are left to the user).
+  concatenated tokens; labels, positions and document boundaries are left to the user);
+- ``litdata-fields``: the same, with a collate that gives the batch ours has (labels,
+  positions, segments and ``cu_seqlens`` found from the end-of-document tokens, by the
+  array arithmetic ours uses, ``BlockBuilder.batch``), in the workers where there are
+  some: what a LitData user adds to train as ours trains.
 
 Reported per worker count (0 and 2): tokens/s after the first batch (median and range)
-and ours over LitData paired by round (after the first batch, and over the next epoch in
-the same process); the first batch's wait; and ours' peak resident memory of the process
-tree (workers included) above what it held at the first batch, against
-``read_ahead_bytes``.
+and ours over each LitData configuration paired by round (after the first batch, and over
+the next epoch in the same process); the first batch's wait; and ours' peak resident
+memory of the process tree (workers included) above what it held at the first batch,
+against ``read_ahead_bytes``.
 """
 
 from __future__ import annotations
@@ -83,7 +87,8 @@ def epoch(config: str, uri: str, litdata_dir: str, cache: str, batch: int, block
         dataset = StreamingDataset(
             litdata_dir, item_loader=TokensLoader(block_size=block), shuffle=True, seed=0
         )
-        loader = StreamingDataLoader(dataset, batch_size=batch, num_workers=workers)
+        collate = {"collate_fn": same_fields} if reader == "litdata-fields" else {}
+        loader = StreamingDataLoader(dataset, batch_size=batch, num_workers=workers, **collate)
     with PeakRss() as peak:
         start, stamps, first_rss = one_pass(loader)
     again_start, again, _ = one_pass(loader)
@@ -98,6 +103,24 @@ def epoch(config: str, uri: str, litdata_dir: str, cache: str, batch: int, block
         "first_batch_mb": first_rss,
         "peak_above_first_mb": peak.peak - first_rss,
     }
+
+
+def same_fields(blocks: list) -> dict:
+    """LitData's blocks as ours are served: documents found by their end tokens."""
+    import numpy as np
+    import torch
+
+    from lightning_stream import TokenPacking
+    from lightning_stream.packing.blocks import BlockBuilder, FilledBlock
+    from lightning_stream.packing.option import IGNORE_INDEX
+
+    size = len(blocks[0])
+    builder = BlockBuilder(TokenPacking("tokens", size, EOS_ID, PAD_ID), total=2**62)
+    filled = []
+    for block in blocks:
+        tokens = np.asarray(block, dtype=np.int64)
+        filled.append(FilledBlock(tokens, np.flatnonzero(tokens == EOS_ID), IGNORE_INDEX))
+    return {name: torch.from_numpy(value) for name, value in builder.batch(filled).items()}
 
 
 def one_pass(loader) -> tuple[float, list[tuple[float, int]], float]:
@@ -146,7 +169,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, metavar="PATH", help="also keep the figures there")
     args = parser.parse_args()
-    configs = [f"{reader}:{w}" for w in (0, 2) for reader in ("ours", "litdata")]
+    readers = ("ours", "litdata", "litdata-fields")
+    configs = [f"{reader}:{w}" for w in (0, 2) for reader in readers]
     runs: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         uri, litdata_dir, cache = write_data(Path(tmp), args.documents)
@@ -168,28 +192,34 @@ def summary(runs: list[dict]) -> dict:
     figures = {}
     for workers in (0, 2):
         ours = [r[f"ours:{workers}"] for r in runs]
-        theirs = [r[f"litdata:{workers}"] for r in runs]
-        paired = list(zip(ours, theirs, strict=True))
         figures[f"{workers} workers"] = {
             "ours_tokens_per_s": spread([r["after_first"] for r in ours]),
-            "litdata_tokens_per_s": spread([r["after_first"] for r in theirs]),
-            "ours_over_litdata": spread([a["after_first"] / b["after_first"] for a, b in paired]),
-            "ours_over_litdata_second_epoch": spread(
-                [a["second_epoch"] / b["second_epoch"] for a, b in paired]
-            ),
             "ours_first_batch_s": statistics.median(r["first_batch_s"] for r in ours),
-            "litdata_first_batch_s": statistics.median(r["first_batch_s"] for r in theirs),
             "ours_peak_above_first_mb": max(r["peak_above_first_mb"] for r in ours),
             "read_ahead_mb": READ_AHEAD_BYTES / 2**20,
-            "tokens": [ours[0]["tokens"], theirs[0]["tokens"]],
         }
+        for reader in ("litdata", "litdata-fields"):
+            theirs = [r[f"{reader}:{workers}"] for r in runs]
+            paired = list(zip(ours, theirs, strict=True))
+            name = reader.replace("-", "_")
+            figures[f"{workers} workers"] |= {
+                f"{name}_tokens_per_s": spread([r["after_first"] for r in theirs]),
+                f"ours_over_{name}": spread(
+                    [a["after_first"] / b["after_first"] for a, b in paired]
+                ),
+                f"ours_over_{name}_second_epoch": spread(
+                    [a["second_epoch"] / b["second_epoch"] for a, b in paired]
+                ),
+                f"{name}_first_batch_s": statistics.median(r["first_batch_s"] for r in theirs),
+            }
     return figures
 
 
 def report(figures: dict) -> None:
     print(
         f"\n{'workers':<10} {'ours tokens/s':>14} {'LitData':>12} {'ours/LitData':>18}"
-        f" {'epoch 2':>18} {'first batch s':>15} {'peak above first MB':>20}"
+        f" {'epoch 2':>18} {'+fields':>12} {'ours/+fields':>18} {'epoch 2':>18}"
+        f" {'first batch s':>15} {'peak above first MB':>20}"
     )
     for name, f in figures.items():
         print(
@@ -197,6 +227,9 @@ def report(figures: dict) -> None:
             f" {f['litdata_tokens_per_s']['median']:>12.0f}"
             f" {shown(f['ours_over_litdata']):>18}"
             f" {shown(f['ours_over_litdata_second_epoch']):>18}"
+            f" {f['litdata_fields_tokens_per_s']['median']:>12.0f}"
+            f" {shown(f['ours_over_litdata_fields']):>18}"
+            f" {shown(f['ours_over_litdata_fields_second_epoch']):>18}"
             f" {f['ours_first_batch_s']:>7.2f} / {f['litdata_first_batch_s']:<5.2f}"
             f" {f['ours_peak_above_first_mb']:>10.0f} of {f['read_ahead_mb']:.0f}"
         )

@@ -220,8 +220,8 @@ def test_every_topology_and_resume_point_packs_the_same_blocks(
     sums = np.add.reduceat(counts, np.arange(0, rows, clump))
     layout = TokenLayout(clumps, sums, lambda c: counts[c * clump : (c + 1) * clump], 4, block_size)
     packing = TokenPacking("tokens", block_size, 7 if eos else None, 99)
-    documents = [np.arange(n) + 100 * row for row, n in enumerate(lengths)]
-    storage = np.arange(rows)
+    # each document with its end-of-document token, as the reader gives them
+    documents = [np.arange(n + eos) + 100 * row for row, n in enumerate(lengths)]
 
     def blocks(consumed, world, workers):
         served = {}
@@ -233,18 +233,22 @@ def test_every_topology_and_resume_point_packs_the_same_blocks(
                 reader = ReaderBlocks(layout, order)
                 builder = BlockBuilder(packing, layout.total)
                 needs = reader.needs(0, len(reader))
-                rows_read = iter(storage[layout.selected(needs.laid)])
                 assert len(needs.laid) == reader.row_count
+                rows_read = iter(layout.selected(needs.laid).tolist())
+                positions = order.positions(0, len(order))[1].tolist()
                 for split, block, start, count, offset in zip(
-                    needs.splits,
-                    *order.positions(0, len(order))[1:],
-                    needs.starts,
-                    needs.rows,
-                    needs.offsets,
+                    needs.splits.tolist(),
+                    positions,
+                    needs.starts.tolist(),
+                    needs.rows.tolist(),
+                    needs.offsets.tolist(),
                     strict=True,
                 ):
-                    docs = [builder.document(documents[next(rows_read)], "t") for _ in range(count)]
-                    served[(int(split), int(block))] = builder.block(split, start, docs, offset)
+                    docs = [documents[next(rows_read)] for _ in range(count)]
+                    tokens = np.concatenate([np.zeros(0, np.int64), *docs])
+                    ends = np.cumsum([len(doc) for doc in docs], dtype=np.int64)
+                    filled = builder.block(split, start, tokens, ends, offset)
+                    served[(split, block)] = builder.batch([filled])
         return served
 
     whole = blocks([0] * num_splits, 1, 0)
@@ -257,6 +261,7 @@ def test_every_topology_and_resume_point_packs_the_same_blocks(
         for name, value in block.items():
             assert np.array_equal(value, expected[key][name]), (key, name)
     tokens = np.concatenate([b["input_ids"][b["document_ids"] >= 0] for b in whole.values()])
+    assert np.array_equal(np.sort(tokens), np.sort(np.concatenate(documents)))
     assert len(tokens) == counts.sum()
 
 

@@ -27,7 +27,7 @@ from filelock import FileLock
 from lightning_stream.lance.order import storage_offsets
 from lightning_stream.lance.reader import BudgetedReader, TableOpener
 from lightning_stream.lance.selection import Selection
-from lightning_stream.packing.blocks import BlockBuilder, stack
+from lightning_stream.packing.blocks import BlockBuilder
 from lightning_stream.packing.layout import ReaderBlocks, TokenLayout
 from lightning_stream.packing.option import TokenPacking
 from lightning_stream.placement import ClumpLayout, epoch_permutation
@@ -140,7 +140,8 @@ class TokenCounts:
 class PackRows:
     """The storage rows one reader reads for its blocks, in order, each once
     (a :class:`~lightning_stream.lance.reader.RowOrder`: computed as the reader asks,
-    ``NEEDS_BLOCKS`` blocks at a time)."""
+    ``NEEDS_BLOCKS`` blocks at a time), and what each block needs of them
+    (:meth:`blocks`, asked in order by the reader's :class:`PackJob`)."""
 
     def __init__(self, blocks: ReaderBlocks, selection: Selection | None) -> None:
         self.blocks = blocks
@@ -150,21 +151,39 @@ class PackRows:
         self._computed = 0  # blocks whose rows are computed
         self._first = 0  # the position of the first row held
         self._held = np.zeros(0, dtype=np.int64)
+        # per block not yet built: split, stream offset, rows it brings in, offset in the first
+        self._pending = np.zeros((0, 4), dtype=np.int64)
 
     def __len__(self) -> int:
         return self.blocks.row_count
 
+    def _more(self) -> bool:
+        if self._computed >= len(self.blocks):
+            return False
+        needs = self.blocks.needs(self._computed, self._computed + NEEDS_BLOCKS)
+        self._computed += NEEDS_BLOCKS
+        rows = storage_offsets(self.selection, self.blocks.layout.selected(needs.laid))
+        self._held = np.concatenate([self._held, rows])
+        per_block = np.stack([needs.splits, needs.starts, needs.rows, needs.offsets], axis=1)
+        self._pending = np.concatenate([self._pending, per_block])
+        return True
+
     def __call__(self, start: int, stop: int) -> np.ndarray:
         """The storage offsets of rows ``[start, stop)``; asked in order."""
-        while self._first + len(self._held) < stop and self._computed < len(self.blocks):
-            needs = self.blocks.needs(self._computed, self._computed + NEEDS_BLOCKS)
-            self._computed += NEEDS_BLOCKS
-            rows = storage_offsets(self.selection, self.blocks.layout.selected(needs.laid))
-            self._held = np.concatenate([self._held, rows])
+        while self._first + len(self._held) < stop and self._more():
+            pass
         asked = self._held[start - self._first : stop - self._first]
         self._held = self._held[stop - self._first :]
         self._first = stop
         return asked
+
+    def next_blocks(self, count: int) -> np.ndarray:
+        """The next ``count`` blocks: per block its split, stream offset, the rows it
+        brings in and the offset into the first of them."""
+        while len(self._pending) < count and self._more():
+            pass
+        taken, self._pending = self._pending[:count], self._pending[count:]
+        return taken
 
 
 @dataclass(frozen=True)
@@ -179,44 +198,68 @@ class PackJob:
     make: Callable[[dict[str, np.ndarray]], Any] | None
 
     def payloads(self, reader: BudgetedReader) -> Iterator[Any]:
-        blocks = self.rows.blocks
-        builder = BlockBuilder(self.packing, blocks.layout.total)
-        documents = _documents(reader.tables())
-        served = 0
-        try:
-            for size in self.sizes:
-                needs = blocks.needs(served, served + size)
-                made = []
-                for split, start, count, offset in zip(
-                    needs.splits.tolist(),
-                    needs.starts.tolist(),
-                    needs.rows.tolist(),
-                    needs.offsets.tolist(),
-                    strict=True,
-                ):
-                    docs = [next(documents) for _ in range(count)]
-                    docs = [builder.document(doc, self.opener.name) for doc in docs]
-                    made.append(builder.block(split, start, docs, offset))
-                served += size
-                reader.counters.add("tokens", builder.tokens)
-                reader.counters.add("padding_tokens", builder.padding)
-                builder.tokens = builder.padding = 0
-                batch = stack(made)
-                yield batch if self.make is None else self.make(batch)
-        finally:
-            documents.close()
+        builder = BlockBuilder(self.packing, self.rows.blocks.layout.total)
+        documents = _Documents(reader.tables(), self.packing, self.opener.name)
+        for size in self.sizes:
+            made = [
+                builder.block(split, start, *documents.take(count), offset)
+                for split, start, count, offset in self.rows.next_blocks(size).tolist()
+            ]
+            reader.counters.add("tokens", builder.tokens)
+            reader.counters.add("padding_tokens", builder.padding)
+            builder.tokens = builder.padding = 0
+            batch = builder.batch(made)
+            yield batch if self.make is None else self.make(batch)
 
 
-def _documents(tables: Iterator[pa.Table]) -> Iterator[np.ndarray]:
-    """Each row's token ids (a view into its window; empty for a null row), in order."""
-    try:
-        for table in tables:
-            for chunk in table.column(0).chunks:
-                offsets = chunk.offsets.to_numpy()
-                values = chunk.values.to_numpy()
-                valid = chunk.is_valid().to_numpy(zero_copy_only=False)
-                for row in range(len(chunk)):
-                    end = offsets[row + 1] if valid[row] else offsets[row]
-                    yield values[offsets[row] : end]
-    finally:
-        tables.close()
+class _Documents:
+    """The rows a reader read, in order, as documents: their tokens end to end (each
+    followed by the end-of-document token, if any), taken a block's rows at a time (so
+    nothing beyond a block's rows is copied out of the reader's windows)."""
+
+    def __init__(self, tables: Iterator[pa.Table], packing: TokenPacking, table: str) -> None:
+        self.tables = tables
+        self.packing = packing
+        self.table = table
+        self._values = _NO_TOKENS
+        self._offsets = np.zeros(1, dtype=np.int64)  # of each row in _values, and the end
+        self._row = 0  # the next row of the window
+
+    def _window(self) -> None:
+        rows = next(self.tables).column(0).combine_chunks()
+        if rows.null_count:
+            rows = pc.if_else(pc.is_null(rows), pa.scalar([], rows.type), rows)
+        offsets = rows.offsets.to_numpy().astype(np.int64)
+        self._values = rows.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+        self._offsets, self._row = offsets - offsets[0], 0
+
+    def take(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """The next ``count`` rows' tokens, and the position after each row's last."""
+        tokens, lengths = [], []
+        while count:
+            if self._row == len(self._offsets) - 1:
+                self._window()
+                continue
+            taken = min(count, len(self._offsets) - 1 - self._row)
+            bounds = self._offsets[self._row : self._row + taken + 1]
+            tokens.append(self._values[bounds[0] : bounds[-1]])
+            lengths.append(np.diff(bounds))
+            self._row += taken
+            count -= taken
+        values = tokens[0] if len(tokens) == 1 else np.concatenate([_NO_TOKENS, *tokens])
+        lengths = lengths[0] if len(lengths) == 1 else np.concatenate([_NO_TOKENS, *lengths])
+        pad = self.packing.pad_id
+        if bool((values == pad).any()):
+            raise ValueError(
+                f"TokenPacking(pad_id={pad}) is a token of a document of table"
+                f" {self.table!r}: padding would be indistinguishable from data; pass a"
+                " pad_id that no document uses (eos_id may equal it)"
+            )
+        ends = np.cumsum(lengths)
+        if self.packing.eos_id is None:
+            return values.astype(np.int64), ends
+        with_eos = np.insert(values.astype(np.int64), ends, self.packing.eos_id)
+        return with_eos, ends + np.arange(1, len(ends) + 1)
+
+
+_NO_TOKENS = np.zeros(0, dtype=np.int64)

@@ -1,22 +1,37 @@
-"""A block's arrays from the documents it holds: pure numpy, no I/O.
+"""A batch of blocks' arrays from the document tokens they hold: pure numpy, no I/O.
 
 :class:`BlockBuilder` fills one reader's blocks in serving order. Blocks of several
 splits interleave in a reader, so it keeps, per split, the document that crossed the end
-of that split's last block (the rest of one document, never more), and opens the
-split's next block with it.
+of that split's last block (the rest of one document, never more), and opens the split's
+next block with it. A block is cut from the documents' tokens as one slice; the arrays of
+a batch (labels, positions, segments) are computed for the whole batch at once, from where
+each document ends: nothing runs per document or per token in Python.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from lightning_stream.packing.option import IGNORE_INDEX, TokenPacking
 
-Block = dict[str, np.ndarray]
+_NONE = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class FilledBlock:
+    """A block's document tokens (``block_size`` of them but at the epoch's end), the
+    positions where a document ends, and the token that follows its last position in
+    its document (``IGNORE_INDEX``: none)."""
+
+    tokens: np.ndarray
+    ends: np.ndarray
+    follows: int
 
 
 class BlockBuilder:
-    """Makes blocks of ``packing.block_size`` tokens from a stream of ``total`` tokens.
+    """Makes the blocks of ``packing.block_size`` tokens of a stream of ``total`` tokens.
 
     Attributes:
         tokens: document tokens placed in blocks so far (end-of-document tokens included).
@@ -28,72 +43,72 @@ class BlockBuilder:
         self.total = total
         self.tokens = 0
         self.padding = 0
-        self._carried: dict[int, tuple[np.ndarray, int]] = {}
+        self._carried: dict[int, np.ndarray] = {}
 
-    def document(self, values: np.ndarray, table: str) -> np.ndarray:
-        """A row's token ids as a document: int64, with its end-of-document token."""
-        pad = self.packing.pad_id
-        if len(values) and bool((values == pad).any()):
-            raise ValueError(
-                f"TokenPacking(pad_id={pad}) is a token of a document of table {table!r}:"
-                " padding would be indistinguishable from data; pass a pad_id that no"
-                " document uses (eos_id may equal it)"
-            )
-        if self.packing.eos_id is None:
-            return values.astype(np.int64)
-        return np.append(values.astype(np.int64), self.packing.eos_id)
-
-    def block(self, split: int, start: int, documents: list[np.ndarray], offset: int) -> Block:
+    def block(
+        self, split: int, start: int, tokens: np.ndarray, ends: np.ndarray, offset: int
+    ) -> FilledBlock:
         """The block of ``split`` at stream offset ``start``: the document carried from
-        the split's previous block, then ``documents`` (the first one from ``offset``)."""
-        size = self.packing.block_size
-        real = min(size, max(0, self.total - start))
-        input_ids = np.full(size, self.packing.pad_id, dtype=np.int64)
-        labels = np.full(size, IGNORE_INDEX, dtype=np.int64)
-        positions = np.zeros(size, dtype=np.int64)
-        document_ids = np.full(size, -1, dtype=np.int32)
-        pieces = [(doc, offset if i == 0 else 0) for i, doc in enumerate(documents)]
-        carried = self._carried.pop(split, None)
-        if carried is not None:
-            pieces.insert(0, carried)
-        ends: list[int] = []
-        filled = 0
-        for doc, begin in pieces:
-            if begin >= len(doc):
-                continue  # an empty document
-            take = min(len(doc) - begin, real - filled)
-            if take <= 0:
-                raise self._mismatch(split, start)
-            stop = begin + take
-            span = slice(filled, filled + take)
-            input_ids[span] = doc[begin:stop]
-            labels[filled : filled + take - 1] = doc[begin + 1 : stop]
-            positions[span] = np.arange(take)
-            document_ids[span] = len(ends)
-            filled += take
-            ends.append(filled)
-            if stop < len(doc):  # the document goes on in the split's next block
-                if split in self._carried:
-                    raise self._mismatch(split, start)
-                self._carried[split] = (doc, stop)
-                labels[filled - 1] = doc[stop]
-        if filled != real:
+        the split's previous block, then ``tokens`` from ``offset`` (the documents the
+        block brings in, one after another; ``ends``: the position after each one's last
+        token, in ``tokens``)."""
+        real = min(self.packing.block_size, max(0, self.total - start))
+        carried = self._carried.pop(split, _NONE)
+        if len(carried):
+            tokens = np.concatenate([carried, tokens[offset:]])
+            ends = np.concatenate([[len(carried)], ends - offset + len(carried)])
+        else:
+            tokens, ends = tokens[offset:], ends - offset
+        if len(tokens) < real:
             raise self._mismatch(split, start)
-        if filled < size:  # padding: a segment of its own
-            positions[filled:] = np.arange(size - filled)
-            ends.append(size)
-        cu_seqlens = np.full(size + 1, size, dtype=np.int32)
-        cu_seqlens[0] = 0
-        cu_seqlens[1 : len(ends) + 1] = ends
-        self.tokens += filled
-        self.padding += size - filled
+        rest = tokens[real:]
+        if len(rest):
+            if ((ends > real) & (ends < len(tokens))).any():
+                raise self._mismatch(split, start)  # only the last document may go on
+            self._carried[split] = rest.copy()
+        self.tokens += real
+        self.padding += self.packing.block_size - real
+        ends = ends[(ends > 0) & (ends <= real)] - 1
+        return FilledBlock(tokens[:real], ends, int(rest[0]) if len(rest) else IGNORE_INDEX)
+
+    def batch(self, blocks: list[FilledBlock]) -> dict[str, np.ndarray]:
+        """The arrays of a batch of ``blocks`` (see
+        :class:`~lightning_stream.packing.option.TokenPacking`)."""
+        size = self.packing.block_size
+        count = len(blocks)
+        input_ids = np.full((count, size), self.packing.pad_id, dtype=np.int64)
+        ends = np.zeros((count, size), dtype=bool)
+        lengths = np.empty(count, dtype=np.int64)
+        for row, block in enumerate(blocks):
+            input_ids[row, : len(block.tokens)] = block.tokens
+            ends[row, block.ends] = True
+            lengths[row] = len(block.tokens)
+        index = np.arange(size)
+        real = index[None, :] < lengths[:, None]
+        starts = np.zeros((count, size), dtype=bool)
+        starts[:, 0] = True
+        starts[:, 1:] = ends[:, :-1]
+        starts |= index[None, :] == lengths[:, None]  # padding: a segment of its own
+        document_ids = (np.cumsum(starts, axis=1) - 1).astype(np.int32)
+        document_ids[~real] = -1
+        position_ids = index - np.maximum.accumulate(np.where(starts, index, 0), axis=1)
+        labels = np.full((count, size), IGNORE_INDEX, dtype=np.int64)
+        follows = ~ends[:, :-1] & real[:, 1:]
+        labels[:, :-1] = np.where(follows, input_ids[:, 1:], IGNORE_INDEX)
+        labels[:, -1] = [block.follows for block in blocks]
+        labels[~real] = IGNORE_INDEX
+        rows, columns = np.nonzero(starts)
+        segments = starts.sum(axis=1)
+        rank = np.arange(len(rows)) - np.repeat(np.cumsum(segments) - segments, segments)
+        cu_seqlens = np.full((count, size + 1), size, dtype=np.int32)
+        cu_seqlens[rows, rank] = columns
         return {
             "input_ids": input_ids,
             "labels": labels,
-            "position_ids": positions,
+            "position_ids": position_ids,
             "document_ids": document_ids,
             "cu_seqlens": cu_seqlens,
-            "max_seqlen": np.asarray(np.diff(cu_seqlens).max(), dtype=np.int32),
+            "max_seqlen": np.diff(cu_seqlens, axis=1).max(axis=1).astype(np.int32),
         }
 
     def _mismatch(self, split: int, start: int) -> RuntimeError:
@@ -102,8 +117,3 @@ class BlockBuilder:
             " the table's rows changed while the stream was read (or since its token"
             " counts were cached); start a new run on the current table version"
         )
-
-
-def stack(blocks: list[Block]) -> Block:
-    """Blocks as one batch: every array gains a leading block dimension."""
-    return {name: np.stack([block[name] for block in blocks]) for name in blocks[0]}

@@ -11,8 +11,8 @@ number of blocks consumed: the row it stands in and the offset into that row fol
 it (:meth:`TokenLayout.at`). A document that crosses a block or split boundary is split
 there; its rest opens the next block.
 
-What is held: the tokens of every clump (one number per clump) and the row starts of the
-few clumps looked at last; never anything per row of the table.
+What is held: the order and the tokens of every clump (two numbers per clump) and the
+row starts of the few clumps looked at last; never anything per row of the table.
 """
 
 from __future__ import annotations
@@ -51,10 +51,14 @@ class TokenLayout:
     _rows: dict[int, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     @cached_property
+    def _items(self) -> np.ndarray:
+        """The clump at each laid position."""
+        return self.clumps.item(np.arange(self.clumps.count))
+
+    @cached_property
     def _starts(self) -> np.ndarray:
         """The stream offset of each laid clump's first token (``total`` past the last)."""
-        laid = self.clump_tokens[self.clumps.item(np.arange(self.clumps.count))]
-        return np.concatenate([[0], np.cumsum(laid, dtype=np.int64)])
+        return np.concatenate([[0], np.cumsum(self.clump_tokens[self._items], dtype=np.int64)])
 
     @property
     def total(self) -> int:
@@ -79,32 +83,36 @@ class TokenLayout:
         """Stream offsets of the rows of the clump at laid ``position`` (and its end)."""
         starts = self._rows.get(position)
         if starts is None:
-            tokens = self.row_tokens(int(self.clumps.item(np.asarray([position]))[0]))
+            tokens = self.row_tokens(int(self._items[position]))
             starts = self._starts[position] + np.concatenate([[0], np.cumsum(tokens)])
             if len(self._rows) >= _CACHED_CLUMPS:
                 self._rows.pop(next(iter(self._rows)))
             self._rows[position] = starts
         return starts
 
-    def at(self, token: int) -> tuple[int, int]:
-        """``(rows, offset)``: the laid rows that start before stream offset ``token``
-        (every row at or past the stream's end), and where ``token`` lies in the last of
-        them when that row goes on past it (else 0)."""
-        if token >= self.total:
-            return self.clumps.total, 0
-        position = int(np.searchsorted(self._starts, token, side="right")) - 1
-        starts = self._row_starts(position)
-        begun = int(np.searchsorted(starts[:-1], token, side="left"))
-        rows = int(self.clumps.start(np.asarray([position]))[0]) + begun
-        if begun == 0:
-            return rows, 0
-        offset = token - int(starts[begun - 1])
-        return rows, offset if token < starts[begun] else 0
+    def at(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows, offsets)``: for each stream offset of ``tokens``, the laid rows that
+        start before it (every row, at or past the stream's end), and where it lies in the
+        last of them when that row goes on past it (else 0)."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        rows = np.full(len(tokens), self.clumps.total, dtype=np.int64)
+        offsets = np.zeros(len(tokens), dtype=np.int64)
+        inside = np.flatnonzero(tokens < self.total)
+        positions = np.searchsorted(self._starts, tokens[inside], side="right") - 1
+        for position in np.unique(positions).tolist():
+            here = inside[positions == position]
+            starts = self._row_starts(position)
+            begun = np.searchsorted(starts[:-1], tokens[here], side="left")
+            rows[here] = int(self.clumps.start(np.asarray([position]))[0]) + begun
+            before = starts[np.maximum(begun - 1, 0)]
+            goes_on = (begun > 0) & (tokens[here] < starts[begun])
+            offsets[here] = np.where(goes_on, tokens[here] - before, 0)
+        return rows, offsets
 
     def selected(self, laid: np.ndarray) -> np.ndarray:
         """The selected-row index of each laid row."""
         position, within = self.clumps.locate(laid)
-        return self.clumps.item(position) * self.clumps.size + within
+        return self._items[position] * self.clumps.size + within
 
 
 @dataclass(frozen=True)
@@ -139,34 +147,24 @@ class ReaderBlocks:
     @cached_property
     def row_count(self) -> int:
         """Rows read, in all."""
-        count = 0
-        for split, (first, stop) in self.order.spans.items():
-            begin, offset = self.layout.at(self.layout.block_start(split, first))
-            end, _ = self.layout.at(self.layout.block_start(split, stop))
-            count += end - begin + (offset > 0)
-        return count
+        spans = [(split, *span) for split, span in self.order.spans.items()]
+        spans = np.asarray(spans, dtype=np.int64).reshape(-1, 3)
+        splits, firsts, stops = spans.T
+        tokens = splits * self.layout.split_tokens
+        begin, offset = self.layout.at(tokens + firsts * self.layout.block_size)
+        end, _ = self.layout.at(tokens + stops * self.layout.block_size)
+        return int((end - begin + (offset > 0)).sum())
 
     def needs(self, start: int, stop: int) -> BlockNeeds:
         """What the blocks at serving positions ``[start, stop)`` need."""
         layout = self.layout
         splits, blocks = self.order.positions(start, min(stop, len(self)))
         starts = splits * layout.split_tokens + blocks * layout.block_size
-        rows, offsets, laid = [], [], []
-        served = zip(splits.tolist(), blocks.tolist(), starts.tolist(), strict=True)
-        for split, block, low in served:
-            begin, offset = layout.at(low)
-            end, _ = layout.at(low + layout.block_size)
-            if block != self.order.spans[split][0]:
-                offset = 0  # the previous block of this split carried that row here
-            first = begin - (offset > 0)
-            rows.append(end - first)
-            offsets.append(offset)
-            laid.append(np.arange(first, end, dtype=np.int64))
-        empty = np.zeros(0, dtype=np.int64)
-        return BlockNeeds(
-            splits,
-            starts,
-            np.asarray(rows, dtype=np.int64),
-            np.asarray(offsets, dtype=np.int64),
-            np.concatenate(laid) if laid else empty,
-        )
+        begin, offsets = layout.at(starts)
+        end, _ = layout.at(starts + layout.block_size)
+        firsts = np.asarray([self.order.spans[s][0] for s in splits.tolist()], dtype=np.int64)
+        offsets = np.where(blocks == firsts, offsets, 0)  # else carried from the last block
+        begin -= offsets > 0
+        rows = end - begin
+        within = np.arange(rows.sum()) - np.repeat(np.cumsum(rows) - rows, rows)
+        return BlockNeeds(splits, starts, rows, offsets, np.repeat(begin, rows) + within)
