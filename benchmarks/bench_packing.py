@@ -29,8 +29,9 @@ interleaved, ``--rounds`` rounds:
 Reported per worker count (0 and 2): tokens/s after the first batch (median and range)
 and ours over each LitData configuration paired by round (after the first batch, and over
 the next epoch in the same process); the first batch's wait; and ours' peak resident
-memory of the process tree (workers included) above what it held at the first batch,
-against ``read_ahead_bytes``.
+memory of the process tree (workers included) above what it held once every reader
+(the main process, or each worker) had handed out its first batch, against
+``read_ahead_bytes``.
 """
 
 from __future__ import annotations
@@ -90,8 +91,8 @@ def epoch(config: str, uri: str, litdata_dir: str, cache: str, batch: int, block
         collate = {"collate_fn": same_fields} if reader == "litdata-fields" else {}
         loader = StreamingDataLoader(dataset, batch_size=batch, num_workers=workers, **collate)
     with PeakRss() as peak:
-        start, stamps, first_rss = one_pass(loader)
-    again_start, again, _ = one_pass(loader)
+        start, stamps, first_rss = one_pass(loader, max(1, workers))
+    again_start, again, _ = one_pass(loader, max(1, workers))
     if reader == "ours":
         dm.teardown("fit")
     return {
@@ -123,14 +124,15 @@ def same_fields(blocks: list) -> dict:
     return {name: torch.from_numpy(value) for name, value in builder.batch(filled).items()}
 
 
-def one_pass(loader) -> tuple[float, list[tuple[float, int]], float]:
-    """One epoch: its start, each batch's (arrival, tokens), the RSS at the first batch."""
+def one_pass(loader, readers: int) -> tuple[float, list[tuple[float, int]], float]:
+    """One epoch: its start, each batch's (arrival, tokens), the RSS once each of the
+    ``readers`` handed out its first batch."""
     start = time.perf_counter()
     stamps, first_rss = [], 0.0
     for batch in loader:
         ids = batch["input_ids"] if isinstance(batch, dict) else batch
         stamps.append((time.perf_counter(), ids.numel()))
-        if len(stamps) == 1:
+        if len(stamps) == readers:
             first_rss = tree_rss_mb()
     return start, stamps, first_rss
 

@@ -198,6 +198,9 @@ class PackJob:
     make: Callable[[dict[str, np.ndarray]], Any] | None
 
     def payloads(self, reader: BudgetedReader) -> Iterator[Any]:
+        if len(self.sizes):  # the first window brings the first batch's rows in
+            first = self.rows.blocks.needs(0, self.sizes[0]).rows.sum()
+            reader.window_rows = max(reader.window_rows, int(first))
         builder = BlockBuilder(self.packing, self.rows.blocks.layout.total)
         documents = _Documents(reader.tables(), self.packing, self.opener.name)
         for size in self.sizes:
