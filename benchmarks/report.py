@@ -403,6 +403,62 @@ are.
     return text
 
 
+def packing_section(runs: Runs | None) -> str:
+    text = """\
+## Token packing: `benchmarks/bench_packing.py`
+
+`python benchmarks/bench_packing.py --json benchmarks/results/bench_packing.json` (LitData
+installed as for `bench_litdata.py`) writes 200,000 documents of 1 to 20,000 tokens (a
+heavy tail, about 18M tokens) as a LanceDB table and, each followed by its
+end-of-document token, as a LitData token dataset, and reads two shuffled epochs per fresh
+process, batches of 16 blocks of 2,048 tokens, at 0 and 2 workers:
+`LanceDataModule(pack=TokenPacking(...))` (32 splits; batches of `input_ids`, `labels`,
+`position_ids`, `document_ids`, `cu_seqlens`, `max_seqlen`) against
+`StreamingDataset(item_loader=TokensLoader(2048))`, raw (`input_ids` only) and with a
+collate that derives the same fields from the end-of-document tokens (with the array
+arithmetic ours uses), which is what a LitData user adds to train as ours trains. Ratios
+are ours over LitData in the same round: tokens/s after the first batch, and over the next
+epoch. Memory: ours' peak resident memory of the process tree (workers included) above
+what it held once every reader had handed out a batch, against `read_ahead_bytes`.
+"""
+    if runs is None:
+        return text + "\n" + no_results("benchmarks/results/bench_packing.json") + "\n"
+    header = [
+        "workers",
+        "ours / LitData raw",
+        "next epoch",
+        "ours / LitData + fields",
+        "next epoch",
+        "tokens/s: ours, raw, + fields",
+        "first batch s, ours / raw",
+        "peak above first batches MB / read-ahead MB",
+    ]
+    for run in runs.values():
+        rows = [
+            [
+                config.replace(" workers", ""),
+                spread(f["ours_over_litdata"]),
+                spread(f["ours_over_litdata_second_epoch"]),
+                spread(f["ours_over_litdata_fields"]),
+                spread(f["ours_over_litdata_fields_second_epoch"]),
+                ", ".join(
+                    rate(f[f"{key}_tokens_per_s"]["median"])
+                    for key in ("ours", "litdata", "litdata_fields")
+                ),
+                f"{f['ours_first_batch_s']:.2f} / {f['litdata_first_batch_s']:.2f}",
+                f"{_mb(f['ours_peak_above_first_mb'])} / {_mb(f['read_ahead_mb'])}",
+            ]
+            for config, f in run["figures"].items()
+        ]
+        text += f"""
+Medians (range) of {run["rounds"]} rounds, {run["documents"]:,} documents, blocks of \
+{run["block_size"]:,}, {measured(run)}:
+
+{table(header, rows)}
+"""
+    return text
+
+
 def pin_memory_section(runs: Runs | None) -> str:
     """Shown once a result exists: the benchmark needs an accelerator."""
     if runs is None:
@@ -815,6 +871,7 @@ SECTIONS: dict[str | None, Callable[[Runs | None], str]] = {
     "bench_lance.json": bench_lance_section,
     "memory_over_epochs.json": memory_section,
     "bench_litdata.json": litdata_section,
+    "bench_packing.json": packing_section,
     "pin_memory.json": pin_memory_section,
     "bench_video_workers.json": video_section,
     "video_scale.json": video_scale_section,
