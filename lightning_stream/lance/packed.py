@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 # Rows a scan of the token column reads at once (a batch of documents, not of tokens).
 SCAN_ROWS = 8192
 # Blocks whose rows a reader computes at once.
-NEEDS_BLOCKS = 64
+NEEDS_BLOCKS = 256
 
 
 def default_cache_dir() -> Path:
@@ -204,10 +204,22 @@ class PackJob:
         builder = BlockBuilder(self.packing, self.rows.blocks.layout.total)
         documents = _Documents(reader.tables(), self.packing, self.opener.name)
         for size in self.sizes:
-            made = [
-                builder.block(split, start, *documents.take(count), offset)
-                for split, start, count, offset in self.rows.next_blocks(size).tolist()
-            ]
+            blocks = self.rows.next_blocks(size)
+            tokens, ends = documents.take(int(blocks[:, 2].sum()))
+            # each block's rows, as a slice of the batch's tokens and ends
+            last_row = np.cumsum(blocks[:, 2])
+            bounds = np.concatenate([[0], ends])[np.concatenate([[0], last_row])]
+            made = []
+            for (split, start, _, offset), first, stop, low, high in zip(
+                blocks.tolist(),
+                (last_row - blocks[:, 2]).tolist(),
+                last_row.tolist(),
+                bounds[:-1].tolist(),
+                bounds[1:].tolist(),
+                strict=True,
+            ):
+                piece, piece_ends = tokens[low:high], ends[first:stop] - low
+                made.append(builder.block(split, start, piece, piece_ends, offset))
             reader.counters.add("tokens", builder.tokens)
             reader.counters.add("padding_tokens", builder.padding)
             builder.tokens = builder.padding = 0

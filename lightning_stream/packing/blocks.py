@@ -17,6 +17,7 @@ import numpy as np
 from lightning_stream.packing.option import IGNORE_INDEX, TokenPacking
 
 _NONE = np.zeros(0, dtype=np.int64)
+_ONE = np.ones(1, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -54,22 +55,25 @@ class BlockBuilder:
         token, in ``tokens``)."""
         real = min(self.packing.block_size, max(0, self.total - start))
         carried = self._carried.pop(split, _NONE)
+        tokens, shift = tokens[offset:], len(carried) - offset
         if len(carried):
-            tokens = np.concatenate([carried, tokens[offset:]])
-            ends = np.concatenate([[len(carried)], ends - offset + len(carried)])
-        else:
-            tokens, ends = tokens[offset:], ends - offset
+            tokens = np.concatenate([carried, tokens])
+            ends = np.concatenate([_ONE * len(carried), ends + shift])
+        elif shift:
+            ends = ends + shift
         if len(tokens) < real:
             raise self._mismatch(split, start)
+        # ends ascend: those within the block are a slice
+        inside = slice(np.searchsorted(ends, 0, "right"), np.searchsorted(ends, real, "right"))
         rest = tokens[real:]
         if len(rest):
-            if ((ends > real) & (ends < len(tokens))).any():
+            if np.searchsorted(ends, len(tokens), "left") > inside.stop:
                 raise self._mismatch(split, start)  # only the last document may go on
             self._carried[split] = rest.copy()
         self.tokens += real
         self.padding += self.packing.block_size - real
-        ends = ends[(ends > 0) & (ends <= real)] - 1
-        return FilledBlock(tokens[:real], ends, int(rest[0]) if len(rest) else IGNORE_INDEX)
+        follows = int(rest[0]) if len(rest) else IGNORE_INDEX
+        return FilledBlock(tokens[:real], ends[inside] - 1, follows)
 
     def batch(self, blocks: list[FilledBlock]) -> dict[str, np.ndarray]:
         """The arrays of a batch of ``blocks`` (see
