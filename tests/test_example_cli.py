@@ -40,32 +40,31 @@ def test_world_model_config_trains_on_two_processes_and_resumes_on_one(tmp_path)
     assert logged, "the torchmetrics MSE is logged each epoch"
 
 
-def test_video_policy_config_trains_on_two_processes_and_resumes_on_one(tmp_path):
-    video = {"example": "train_video_policy", "config": "video_policy"}
-    flags = ["--data.episodes_to_write=12", f"--data.sidecar_dir={tmp_path / 'sidecars'}"]
+def train_on_two_and_resume_on_one(tmp_path, config, flags, resume_step) -> list[dict]:
+    """``configs/<config>.yaml`` (with ``examples/train_<config>.py``) for an epoch on 2
+    DDP processes, then resumed on 1 from its checkpoint at ``resume_step`` for a second
+    epoch; the resumed run's logged metrics."""
+    named = {"example": f"train_{config}", "config": config}
     ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.max_epochs=1"]
-    cli(tmp_path, *flags, *ddp, **video)
-    checkpoints = tmp_path / "runs" / "video_policy" / "checkpoints"
-    mid_epoch = checkpoints / "epoch=0-step=10.ckpt"
+    cli(tmp_path, *flags, *ddp, **named)
+    checkpoints = tmp_path / "runs" / config / "checkpoints"
+    mid_epoch = checkpoints / f"epoch=0-step={resume_step}.ckpt"
     assert mid_epoch.exists(), sorted(p.name for p in checkpoints.iterdir())
-    cli(tmp_path, *flags, "--trainer.max_epochs=2", f"--ckpt_path={mid_epoch}", **video)
-    metrics = sorted((tmp_path / "runs" / "video_policy").glob("lightning_logs/*/metrics.csv"))
+    cli(tmp_path, *flags, "--trainer.max_epochs=2", f"--ckpt_path={mid_epoch}", **named)
+    metrics = sorted((tmp_path / "runs" / config).glob("lightning_logs/*/metrics.csv"))
     with metrics[-1].open() as rows:
-        logged = list(csv.DictReader(rows))
+        return list(csv.DictReader(rows))
+
+
+def test_video_policy_config_trains_on_two_processes_and_resumes_on_one(tmp_path):
+    flags = ["--data.episodes_to_write=12", f"--data.sidecar_dir={tmp_path / 'sidecars'}"]
+    logged = train_on_two_and_resume_on_one(tmp_path, "video_policy", flags, 10)
     assert any(row.get("train/mae") for row in logged)
     assert any(row.get("loader/wait_share") for row in logged)
 
 
 def test_language_model_config_packs_on_two_processes_and_resumes_on_one(tmp_path):
-    lm = {"example": "train_language_model", "config": "language_model"}
     flags = ["--data.documents=2000", f"--data.pack.cache_dir={tmp_path / 'token-counts'}"]
-    ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.max_epochs=1"]
-    cli(tmp_path, *flags, *ddp, **lm)
-    checkpoints = tmp_path / "runs" / "language_model" / "checkpoints"
-    mid_epoch = checkpoints / "epoch=0-step=20.ckpt"
-    assert mid_epoch.exists(), sorted(p.name for p in checkpoints.iterdir())
-    cli(tmp_path, *flags, "--trainer.max_epochs=2", f"--ckpt_path={mid_epoch}", **lm)
-    metrics = sorted((tmp_path / "runs" / "language_model").glob("lightning_logs/*/metrics.csv"))
-    with metrics[-1].open() as rows:
-        losses = [float(row["train/loss"]) for row in csv.DictReader(rows) if row["train/loss"]]
+    logged = train_on_two_and_resume_on_one(tmp_path, "language_model", flags, 20)
+    losses = [float(row["train/loss"]) for row in logged if row["train/loss"]]
     assert losses and losses[-1] < losses[0], "the resumed run learns"
