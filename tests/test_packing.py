@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_stream import LanceDataModule, TokenPacking
-from lightning_stream.lance.synthetic import MAX_DOCUMENT, make_token_table
+from lightning_stream.lance.synthetic import MAX_DOCUMENT, document_lengths, make_token_table
 from lightning_stream.packing.blocks import BlockBuilder
 from lightning_stream.packing.layout import ReaderBlocks, TokenLayout
 from lightning_stream.packing.option import IGNORE_INDEX
@@ -310,3 +310,30 @@ def test_a_pad_id_that_is_a_token_of_the_data_is_named(small_token_uri, tmp_path
                 pass
     finally:
         dm.teardown("fit")
+
+
+def test_validation_blocks_hold_every_selected_token_once_over_the_ranks(small_token_uri, tmp_path):
+    packing = TokenPacking("tokens", 64, EOS, PAD, str(tmp_path))
+    dm = LanceDataModule(
+        small_token_uri,
+        "documents",
+        num_splits=4,
+        batch_size=3,
+        pack=packing,
+        val_filter="id % 3 = 0",
+    )
+    dm.setup("validate")
+    source, tokens, steps = dm._val, [], set()
+    for rank in range(2):
+        job = source.storage_job(rank, 2, 3)
+        batches = list(source.read_here(job))
+        steps.add(len(batches))
+        for batch in batches:
+            tokens.append(batch["input_ids"][batch["document_ids"] >= 0].numpy())
+    assert len(steps) == 1, "every rank takes the same number of validation steps"
+    lengths = document_lengths(300)
+    tokens = np.concatenate(tokens)
+    chosen = np.arange(300) % 3 == 0
+    assert (tokens == EOS).sum() == chosen.sum()
+    expected = every_token(np.where(chosen, lengths, 0))
+    assert np.array_equal(np.sort(tokens[tokens != EOS]), expected)

@@ -262,7 +262,13 @@ class LanceSource:
         return BatchMaker(self.types, self.transform)
 
     def counters(self) -> dict[str, float]:
-        return self.engine.counters()
+        """The readers' counters; ``tokens`` and ``padding_tokens`` (placed in blocks)
+        when packing."""
+        totals = self.engine.counters()
+        if self.pack is None:
+            for name in ("tokens", "padding_tokens"):
+                totals.pop(name, None)
+        return totals
 
     # -- the serving engine's format (lightning_stream.serving.SourceFormat) ----------
     @property
