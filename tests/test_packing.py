@@ -123,9 +123,15 @@ def test_one_epoch_every_block_against_its_documents_every_token_once(token_dir,
             block = {name: value[row] for name, value in arrays.items()}
             check_block(block, lengths)
             documents = document_of_each_position(block["input_ids"], lengths)
-            truth = (documents[:, None] == documents[None, :]) & np.tri(2048, dtype=bool)
-            if len(np.unique(block["cu_seqlens"])) > 3:
+            # the masks agree when segments and documents cut the block at the same places
+            # and no document comes back after another one (checked on every block)
+            segments = np.searchsorted(block["cu_seqlens"][1:], np.arange(2048), side="right")
+            cuts = documents[1:] != documents[:-1]
+            assert np.array_equal(segments[1:] != segments[:-1], cuts)
+            assert cuts.sum() + 1 == len(np.unique(documents))
+            if len(np.unique(block["cu_seqlens"])) > 3:  # and whole masks where it matters
                 masks += 1
+                truth = (documents[:, None] == documents[None, :]) & np.tri(2048, dtype=bool)
                 assert np.array_equal(causal_mask(block["cu_seqlens"], 2048), truth)
         tokens.append(arrays["input_ids"][arrays["document_ids"] >= 0])
         padding += int((arrays["document_ids"] < 0).sum())
