@@ -93,15 +93,19 @@ class BlockBuilder:
         starts[:, 0] = True
         starts[:, 1:] = ends[:, :-1]
         starts |= index[None, :] == lengths[:, None]  # padding: a segment of its own
-        document_ids = (np.cumsum(starts, axis=1) - 1).astype(np.int32)
-        document_ids[~real] = -1
-        position_ids = index - np.maximum.accumulate(np.where(starts, index, 0), axis=1)
-        labels = np.full((count, size), IGNORE_INDEX, dtype=np.int64)
-        follows = ~ends[:, :-1] & real[:, 1:]
-        labels[:, :-1] = np.where(follows, input_ids[:, 1:], IGNORE_INDEX)
-        labels[:, -1] = [block.follows for block in blocks]
-        labels[~real] = IGNORE_INDEX
         rows, columns = np.nonzero(starts)
+        # every position's segment, counted over the batch, and where that segment starts
+        segment = np.cumsum(starts.ravel()) - 1
+        position_ids = (np.arange(count * size) - (rows * size + columns)[segment]).reshape(
+            count, size
+        )
+        segment = segment.reshape(count, size)
+        document_ids = (segment - segment[:, :1]).astype(np.int32)
+        document_ids[~real] = -1
+        labels = np.empty((count, size), dtype=np.int64)
+        labels[:, :-1] = input_ids[:, 1:]
+        labels[:, -1] = [block.follows for block in blocks]
+        labels[ends | ~real] = IGNORE_INDEX
         segments = starts.sum(axis=1)
         rank = np.arange(len(rows)) - np.repeat(np.cumsum(segments) - segments, segments)
         cu_seqlens = np.full((count, size + 1), size, dtype=np.int32)

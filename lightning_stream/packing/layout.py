@@ -98,15 +98,24 @@ class TokenLayout:
         rows = np.full(len(tokens), self.clumps.total, dtype=np.int64)
         offsets = np.zeros(len(tokens), dtype=np.int64)
         inside = np.flatnonzero(tokens < self.total)
-        positions = np.searchsorted(self._starts, tokens[inside], side="right") - 1
-        for position in np.unique(positions).tolist():
-            here = inside[positions == position]
-            starts = self._row_starts(position)
-            begun = np.searchsorted(starts[:-1], tokens[here], side="left")
-            rows[here] = int(self.clumps.start(np.asarray([position]))[0]) + begun
-            before = starts[np.maximum(begun - 1, 0)]
-            goes_on = (begun > 0) & (tokens[here] < starts[begun])
-            offsets[here] = np.where(goes_on, tokens[here] - before, 0)
+        if not len(inside):
+            return rows, offsets
+        wanted = tokens[inside]
+        positions = np.searchsorted(self._starts, wanted, side="right") - 1
+        clumps, which = np.unique(positions, return_inverse=True)
+        # the row starts (and end) of every clump looked at, one after another: they
+        # ascend, as the clumps do in the stream
+        starts = [self._row_starts(position) for position in clumps.tolist()]
+        base = np.cumsum([0] + [len(s) for s in starts[:-1]])[which]
+        starts = np.concatenate(starts)
+        # the rows of its clump that start before each token: the entries before it, less
+        # those of earlier clumps (all at or before it; where one equals it, the token
+        # opens its clump and no row of it starts before)
+        begun = np.maximum(np.searchsorted(starts, wanted, side="left") - base, 0)
+        rows[inside] = self.clumps.start(positions) + begun
+        before = starts[base + np.maximum(begun - 1, 0)]
+        goes_on = (begun > 0) & (wanted < starts[base + begun])
+        offsets[inside] = np.where(goes_on, wanted - before, 0)
         return rows, offsets
 
     def selected(self, laid: np.ndarray) -> np.ndarray:
