@@ -15,19 +15,22 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from lightning_stream import LanceDataModule, cli, ledger
+from lightning_stream import LanceDataModule, TokenPacking, cli, ledger
 from lightning_stream.demo import make_table
 from lightning_stream.inspect import render
 from lightning_stream.lance.order import clump_rows
+from lightning_stream.lance.synthetic import make_token_table
 from lightning_stream.storage import StorageError, fsspec_options, pyarrow_filesystem
 from lightning_stream.video.datamodule import VideoEpisodeDataModule
 from lightning_stream.video.synthetic import write_dataset
 
 from .conftest import ENV, ROOT, ROWS, assert_exact, train_command
 from .s3_server import LATENCY_MS, PACE_BYTES, S3Server, free_port, requests_served
+from .test_packing import EOS, PAD, assert_every_token_once
 from .test_video_datamodule import LENGTHS
 
 BUCKET = "lightning-stream"
@@ -231,6 +234,29 @@ def video_module(uri: str, options: dict, sidecars: Path) -> VideoEpisodeDataMod
     return VideoEpisodeDataModule(
         uri, delta_timestamps={FRONT: [0.0]}, storage_options=options, **settings
     )
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_packed_documents_on_s3_give_every_token_once(s3, tmp_path, workers):
+    options = s3.storage_options()
+    uri = f"s3://{BUCKET}/tokens-{workers}"
+    lengths = make_token_table(uri, 2_000, storage_options=options)
+    packing = TokenPacking("tokens", 512, EOS, PAD, str(tmp_path / "token-counts"))
+    dm = LanceDataModule(
+        uri,
+        "documents",
+        num_splits=4,
+        batch_size=4,
+        num_workers=workers,
+        pack=packing,
+        storage_options=options,
+    )
+    dm.setup("fit")
+    try:
+        tokens = [b["input_ids"][b["document_ids"] >= 0].numpy() for b in dm.train_dataloader()]
+    finally:
+        dm.teardown("fit")
+    assert_every_token_once(np.concatenate(tokens), lengths)
 
 
 def test_unreachable_stores_fail_at_setup_naming_the_uri_and_the_option(s3, tmp_path):

@@ -128,7 +128,12 @@ def document_lengths(documents: int, seed: int = 0) -> np.ndarray:
 
 
 def make_token_table(
-    uri: str, documents: int, name: str = "documents", seed: int = 0, chunk: int = 10_000
+    uri: str,
+    documents: int,
+    name: str = "documents",
+    seed: int = 0,
+    chunk: int = 10_000,
+    storage_options: dict[str, str] | None = None,
 ) -> np.ndarray:
     """A table of ``documents`` tokenised documents (``id`` and ``tokens``, a
     ``list<int32>``) of :func:`document_lengths`; returns the lengths. Token ``p`` of
@@ -140,7 +145,7 @@ def make_token_table(
             pa.field("tokens", pa.list_(pa.int32()), nullable=False),
         ]
     )
-    db = lancedb.connect(uri)
+    db = lancedb.connect(uri, storage_options=storage_options)
     table = None
     for start in range(0, documents, chunk):
         part = lengths[start : start + chunk]
