@@ -141,7 +141,7 @@ class PackRows:
     """The storage rows one reader reads for its blocks, in order, each once
     (a :class:`~lightning_stream.lance.reader.RowOrder`: computed as the reader asks,
     ``NEEDS_BLOCKS`` blocks at a time), and what each block needs of them
-    (:meth:`blocks`, asked in order by the reader's :class:`PackJob`)."""
+    (:meth:`next_blocks`, asked in order by the reader's :class:`PackJob`)."""
 
     def __init__(self, blocks: ReaderBlocks, selection: Selection | None) -> None:
         self.blocks = blocks

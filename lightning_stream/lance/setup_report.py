@@ -8,6 +8,7 @@ from lightning_stream.lance.order import CLUMP_ROWS
 from lightning_stream.lance.source import LanceSource
 from lightning_stream.storage import is_remote
 
+# the data module's logger: these lines are its setup's, where users filter for them
 log = logging.getLogger("lightning_stream.lance.datamodule")
 
 
