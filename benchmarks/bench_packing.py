@@ -1,7 +1,8 @@
 """Packed token blocks: LanceDataModule(pack=...) against LitData's TokensLoader, same tokens.
 
     python benchmarks/bench_packing.py [--documents 200000] [--block-size 2048]
-        [--batch-size 16] [--rounds 3] [--json benchmarks/results/bench_packing.json]
+        [--batch-size 16] [--step-ms 0] [--rounds 3]
+        [--json benchmarks/results/bench_packing.json]
 
 LitData is an optional benchmark dependency, installed as for ``bench_litdata.py``:
 
@@ -13,7 +14,9 @@ table and, document for document with its end-of-document token appended, as a L
 token dataset (``litdata.optimize`` with ``TokensLoader``). The token counts our packing
 needs are counted once, before the rounds (a cost per table version, not per epoch).
 Each configuration reads two shuffled epochs in a fresh process, the configurations
-interleaved, ``--rounds`` rounds:
+interleaved, ``--rounds`` rounds; ``--step-ms`` follows every batch with a wait of that many
+ms in the consumer (a training step that leaves the cores to the readers, as a step on a
+GPU does; default 0: none):
 
 - ``ours``: ``LanceDataModule(pack=TokenPacking(block_size, eos_id, pad_id))`` at its
   defaults otherwise (32 splits): batches of ``input_ids``, ``labels``, ``position_ids``,
@@ -68,8 +71,11 @@ def documents(spec: tuple[str, int, int]):
         yield torch.from_numpy(np.append(values, np.int32(EOS_ID)).astype(np.int32))
 
 
-def epoch(config: str, uri: str, litdata_dir: str, cache: str, batch: int, block: int) -> dict:
-    """Two epochs of ``reader:workers`` in this (fresh) process."""
+def epoch(
+    config: str, uri: str, litdata_dir: str, cache: str, batch: int, block: int, step_ms: float
+) -> dict:
+    """Two epochs of ``reader:workers`` in this (fresh) process, each batch followed by a
+    wait of ``step_ms``."""
     sys.path.insert(0, str(ROOT))
     reader, workers = config.split(":")
     workers = int(workers)
@@ -91,8 +97,8 @@ def epoch(config: str, uri: str, litdata_dir: str, cache: str, batch: int, block
         collate = {"collate_fn": same_fields} if reader == "litdata-fields" else {}
         loader = StreamingDataLoader(dataset, batch_size=batch, num_workers=workers, **collate)
     with PeakRss() as peak:
-        start, stamps, first_rss = one_pass(loader, max(1, workers))
-    again_start, again, _ = one_pass(loader, max(1, workers))
+        start, stamps, first_rss = one_pass(loader, max(1, workers), step_ms)
+    again_start, again, _ = one_pass(loader, max(1, workers), step_ms)
     if reader == "ours":
         dm.teardown("fit")
     return {
@@ -124,7 +130,7 @@ def same_fields(blocks: list) -> dict:
     return {name: torch.from_numpy(value) for name, value in builder.batch(filled).items()}
 
 
-def one_pass(loader, readers: int) -> tuple[float, list[tuple[float, int]], float]:
+def one_pass(loader, readers: int, step_ms: float) -> tuple[float, list[tuple[float, int]], float]:
     """One epoch: its start, each batch's (arrival, tokens), the RSS once each of the
     ``readers`` handed out its first batch."""
     start = time.perf_counter()
@@ -134,6 +140,8 @@ def one_pass(loader, readers: int) -> tuple[float, list[tuple[float, int]], floa
         stamps.append((time.perf_counter(), ids.numel()))
         if len(stamps) == readers:
             first_rss = tree_rss_mb()
+        if step_ms:
+            time.sleep(step_ms / 1000)
     return start, stamps, first_rss
 
 
@@ -168,6 +176,9 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=200_000)
     parser.add_argument("--block-size", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument(
+        "--step-ms", type=float, default=0.0, help="wait after each batch (a training step)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, metavar="PATH", help="also keep the figures there")
     args = parser.parse_args()
@@ -180,14 +191,15 @@ def main() -> None:
             runs.append({})
             for config in configs:
                 arguments = [__file__, "--one", config, uri, litdata_dir, cache]
-                arguments += [str(args.batch_size), str(args.block_size)]
+                arguments += [str(args.batch_size), str(args.block_size), str(args.step_ms)]
                 runs[-1][config] = run_fresh(arguments, f"round {round_} {config}")
     figures = summary(runs)
     report(figures)
     if args.json:
         result = {"documents": args.documents, "block_size": args.block_size}
-        result |= {"batch_size": args.batch_size, "rounds": args.rounds}
-        save(args.json, f"block {args.block_size}", {**result, "runs": runs, "figures": figures})
+        result |= {"batch_size": args.batch_size, "rounds": args.rounds, "step_ms": args.step_ms}
+        name = f"{args.documents:,} documents, block {args.block_size}, step {args.step_ms:g} ms"
+        save(args.json, name, {**result, "runs": runs, "figures": figures})
 
 
 def summary(runs: list[dict]) -> dict:
@@ -239,7 +251,7 @@ def report(figures: dict) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--one"]:
-        config, uri, litdata_dir, cache, batch, block = sys.argv[2:8]
-        hand_back(epoch(config, uri, litdata_dir, cache, int(batch), int(block)))
+        config, uri, litdata_dir, cache, batch, block, step_ms = sys.argv[2:9]
+        hand_back(epoch(config, uri, litdata_dir, cache, int(batch), int(block), float(step_ms)))
     else:
         main()

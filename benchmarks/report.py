@@ -411,7 +411,8 @@ def packing_section(runs: Runs | None) -> str:
 installed as for `bench_litdata.py`) writes 200,000 documents of 1 to 20,000 tokens (a
 heavy tail, about 18M tokens) as a LanceDB table and, each followed by its
 end-of-document token, as a LitData token dataset, and reads two shuffled epochs per fresh
-process, batches of 16 blocks of 2,048 tokens, at 0 and 2 workers:
+process, batches of 16 blocks of 2,048 tokens, at 0 and 2 workers (also on 2,000,000
+documents, and with a training step after each batch):
 `LanceDataModule(pack=TokenPacking(...))` (32 splits; batches of `input_ids`, `labels`,
 `position_ids`, `document_ids`, `cu_seqlens`, `max_seqlen`) against
 `StreamingDataset(item_loader=TokensLoader(2048))`, raw (`input_ids` only) and with a
@@ -450,9 +451,10 @@ what it held once every reader had handed out a batch, against `read_ahead_bytes
             ]
             for config, f in run["figures"].items()
         ]
+        step = f", a {run['step_ms']:g} ms step after each batch" if run.get("step_ms") else ""
         text += f"""
 Medians (range) of {run["rounds"]} rounds, {run["documents"]:,} documents, blocks of \
-{run["block_size"]:,}, {measured(run)}:
+{run["block_size"]:,}{step}, {measured(run)}:
 
 {table(header, rows)}
 """
