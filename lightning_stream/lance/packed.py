@@ -220,10 +220,10 @@ class PackJob:
             ):
                 piece, piece_ends = tokens[low:high], ends[first:stop] - low
                 made.append(builder.block(split, start, piece, piece_ends, offset))
-            reader.counters.add("tokens", builder.tokens)
-            reader.counters.add("padding_tokens", builder.padding)
-            builder.tokens = builder.padding = 0
             batch = builder.batch(made)
+            padding = int((batch["document_ids"] < 0).sum())
+            reader.counters.add("tokens", batch["document_ids"].size - padding)
+            reader.counters.add("padding_tokens", padding)
             yield batch if self.make is None else self.make(batch)
 
 

@@ -32,18 +32,11 @@ class FilledBlock:
 
 
 class BlockBuilder:
-    """Makes the blocks of ``packing.block_size`` tokens of a stream of ``total`` tokens.
-
-    Attributes:
-        tokens: document tokens placed in blocks so far (end-of-document tokens included).
-        padding: padding tokens placed so far.
-    """
+    """Makes the blocks of ``packing.block_size`` tokens of a stream of ``total`` tokens."""
 
     def __init__(self, packing: TokenPacking, total: int) -> None:
         self.packing = packing
         self.total = total
-        self.tokens = 0
-        self.padding = 0
         self._carried: dict[int, np.ndarray] = {}
 
     def block(
@@ -70,8 +63,6 @@ class BlockBuilder:
             if np.searchsorted(ends, len(tokens), "left") > inside.stop:
                 raise self._mismatch(split, start)  # only the last document may go on
             self._carried[split] = rest.copy()
-        self.tokens += real
-        self.padding += self.packing.block_size - real
         follows = int(rest[0]) if len(rest) else IGNORE_INDEX
         return FilledBlock(tokens[:real], ends[inside] - 1, follows)
 

@@ -75,8 +75,8 @@ class TokenLayout:
     def split_tokens(self) -> int:
         return self.blocks * self.block_size
 
-    def block_start(self, split: int, block: int) -> int:
-        """The stream offset of the first token of ``block`` of ``split``."""
+    def block_start(self, split: np.ndarray, block: np.ndarray) -> np.ndarray:
+        """The stream offset of the first token of each ``block`` of ``split``."""
         return split * self.split_tokens + block * self.block_size
 
     def _row_starts(self, position: int) -> np.ndarray:
@@ -159,16 +159,15 @@ class ReaderBlocks:
         spans = [(split, *span) for split, span in self.order.spans.items()]
         spans = np.asarray(spans, dtype=np.int64).reshape(-1, 3)
         splits, firsts, stops = spans.T
-        tokens = splits * self.layout.split_tokens
-        begin, offset = self.layout.at(tokens + firsts * self.layout.block_size)
-        end, _ = self.layout.at(tokens + stops * self.layout.block_size)
+        begin, offset = self.layout.at(self.layout.block_start(splits, firsts))
+        end, _ = self.layout.at(self.layout.block_start(splits, stops))
         return int((end - begin + (offset > 0)).sum())
 
     def needs(self, start: int, stop: int) -> BlockNeeds:
         """What the blocks at serving positions ``[start, stop)`` need."""
         layout = self.layout
         splits, blocks = self.order.positions(start, min(stop, len(self)))
-        starts = splits * layout.split_tokens + blocks * layout.block_size
+        starts = layout.block_start(splits, blocks)
         begin, offsets = layout.at(starts)
         end, _ = layout.at(starts + layout.block_size)
         firsts = np.asarray([self.order.spans[s][0] for s in splits.tolist()], dtype=np.int64)
