@@ -26,7 +26,7 @@ GPU does; default 0: none):
   concatenated tokens; labels, positions and document boundaries are left to the user);
 - ``litdata-fields``: the same, with a collate that gives the batch ours has (labels,
   positions, segments and ``cu_seqlens`` found from the end-of-document tokens, by the
-  array arithmetic ours uses, ``BlockBuilder.batch``), in the workers where there are
+  array arithmetic ours uses, ``packed_fields``), in the workers where there are
   some: what a LitData user adds to train as ours trains.
 
 Reported per worker count (0 and 2): tokens/s after the first batch (median and range)
@@ -117,17 +117,18 @@ def same_fields(blocks: list) -> dict:
     import numpy as np
     import torch
 
-    from lightning_stream import TokenPacking
-    from lightning_stream.packing.blocks import BlockBuilder, FilledBlock
+    from lightning_stream.packing.blocks import packed_fields
     from lightning_stream.packing.option import IGNORE_INDEX
 
-    size = len(blocks[0])
-    builder = BlockBuilder(TokenPacking("tokens", size, EOS_ID, PAD_ID), total=2**62)
-    filled = []
-    for block in blocks:
-        tokens = np.asarray(block, dtype=np.int64)
-        filled.append(FilledBlock(tokens, np.flatnonzero(tokens == EOS_ID), IGNORE_INDEX))
-    return {name: torch.from_numpy(value) for name, value in builder.batch(filled).items()}
+    input_ids = np.stack([np.asarray(block, dtype=np.int64) for block in blocks])
+    count, size = input_ids.shape
+    starts = np.zeros((count, size), dtype=bool)
+    starts[:, 0] = True
+    starts[:, 1:] = input_ids[:, :-1] == EOS_ID
+    lengths = np.full(count, size)
+    follows = np.full(count, IGNORE_INDEX)
+    fields = packed_fields(input_ids, starts, lengths, follows)
+    return {name: torch.from_numpy(value) for name, value in fields.items()}
 
 
 def one_pass(loader, readers: int, step_ms: float) -> tuple[float, list[tuple[float, int]], float]:

@@ -253,8 +253,8 @@ def test_every_topology_and_resume_point_packs_the_same_blocks(
                     docs = [documents[next(rows_read)] for _ in range(count)]
                     tokens = np.concatenate([np.zeros(0, np.int64), *docs])
                     ends = np.cumsum([len(doc) for doc in docs], dtype=np.int64)
-                    filled = builder.block(split, start, tokens, ends, offset)
-                    served[(split, block)] = builder.batch([filled])
+                    needs_one = np.asarray([[split, start, count, offset]], dtype=np.int64)
+                    served[(split, block)] = builder.batch(needs_one, tokens, ends)
         return served
 
     whole = blocks([0] * num_splits, 1, 0)

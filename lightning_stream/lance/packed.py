@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from filelock import FileLock
 
 from lightning_stream.lance.order import storage_offsets
-from lightning_stream.lance.reader import BudgetedReader, TableOpener
+from lightning_stream.lance.reader import BudgetedReader, TableOpener, Window
 from lightning_stream.lance.selection import Selection
 from lightning_stream.packing.blocks import BlockBuilder
 from lightning_stream.packing.layout import ReaderBlocks, TokenLayout
@@ -202,63 +202,57 @@ class PackJob:
             first = self.rows.blocks.needs(0, self.sizes[0]).rows.sum()
             reader.window_rows = max(reader.window_rows, int(first))
         builder = BlockBuilder(self.packing, self.rows.blocks.layout.total)
-        documents = _Documents(reader.tables(), self.packing, self.opener.name)
+        documents = _Documents(reader.windows(), self.packing, self.opener.name)
+        block_size, total = self.packing.block_size, self.rows.blocks.layout.total
         for size in self.sizes:
             blocks = self.rows.next_blocks(size)
             tokens, ends = documents.take(int(blocks[:, 2].sum()))
-            # each block's rows, as a slice of the batch's tokens and ends
-            last_row = np.cumsum(blocks[:, 2])
-            bounds = np.concatenate([[0], ends])[np.concatenate([[0], last_row])]
-            made = []
-            for (split, start, _, offset), first, stop, low, high in zip(
-                blocks.tolist(),
-                (last_row - blocks[:, 2]).tolist(),
-                last_row.tolist(),
-                bounds[:-1].tolist(),
-                bounds[1:].tolist(),
-                strict=True,
-            ):
-                piece, piece_ends = tokens[low:high], ends[first:stop] - low
-                made.append(builder.block(split, start, piece, piece_ends, offset))
-            batch = builder.batch(made)
-            padding = int((batch["document_ids"] < 0).sum())
-            reader.counters.add("tokens", batch["document_ids"].size - padding)
-            reader.counters.add("padding_tokens", padding)
+            batch = builder.batch(blocks, tokens, ends)
+            real = int(np.clip(total - blocks[:, 1], 0, block_size).sum())
+            reader.counters.add("tokens", real)
+            reader.counters.add("padding_tokens", size * block_size - real)
             yield batch if self.make is None else self.make(batch)
 
 
 class _Documents:
-    """The rows a reader read, in order, as documents: their tokens end to end (each
-    followed by the end-of-document token, if any), taken a block's rows at a time (so
-    nothing beyond a block's rows is copied out of the reader's windows)."""
+    """The rows a reader read, in serving order, as documents: their tokens end to end
+    (each followed by the end-of-document token, if any), taken a batch's rows at a time
+    from the windows as read (rows in consecutive storage order as one slice), so nothing
+    beyond a batch's rows is copied out of the reader's windows."""
 
-    def __init__(self, tables: Iterator[pa.Table], packing: TokenPacking, table: str) -> None:
-        self.tables = tables
+    def __init__(self, windows: Iterator[Window], packing: TokenPacking, table: str) -> None:
+        self.windows = windows
         self.packing = packing
         self.table = table
         self._values = _NO_TOKENS
         self._offsets = np.zeros(1, dtype=np.int64)  # of each row in _values, and the end
-        self._row = 0  # the next row of the window
+        self._where = np.zeros(0, dtype=np.int64)  # the row served at each position
+        self._row = 0  # the next serving position of the window
 
     def _window(self) -> None:
-        rows = next(self.tables).column(0).combine_chunks()
+        window = next(self.windows)
+        rows = window.rows.column(0).combine_chunks()
         if rows.null_count:
             rows = pc.if_else(pc.is_null(rows), pa.scalar([], rows.type), rows)
-        offsets = rows.offsets.to_numpy().astype(np.int64)
-        self._values = rows.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
-        self._offsets, self._row = offsets - offsets[0], 0
+        self._offsets = rows.offsets.to_numpy().astype(np.int64)
+        self._values = rows.values.to_numpy(zero_copy_only=False)
+        self._where, self._row = window.where, 0
 
     def take(self, count: int) -> tuple[np.ndarray, np.ndarray]:
         """The next ``count`` rows' tokens, and the position after each row's last."""
         tokens, lengths = [], []
         while count:
-            if self._row == len(self._offsets) - 1:
+            if self._row == len(self._where):
                 self._window()
                 continue
-            taken = min(count, len(self._offsets) - 1 - self._row)
-            bounds = self._offsets[self._row : self._row + taken + 1]
-            tokens.append(self._values[bounds[0] : bounds[-1]])
-            lengths.append(np.diff(bounds))
+            taken = min(count, len(self._where) - self._row)
+            rows = self._where[self._row : self._row + taken]
+            starts, stops = self._offsets[rows], self._offsets[rows + 1]
+            cuts = np.flatnonzero(rows[1:] != rows[:-1] + 1) + 1
+            firsts, lasts = np.append(0, cuts), np.append(cuts, taken) - 1
+            for low, high in zip(starts[firsts].tolist(), stops[lasts].tolist(), strict=True):
+                tokens.append(self._values[low:high])
+            lengths.append(stops - starts)
             self._row += taken
             count -= taken
         values = tokens[0] if len(tokens) == 1 else np.concatenate([_NO_TOKENS, *tokens])
@@ -271,10 +265,12 @@ class _Documents:
                 " pad_id that no document uses (eos_id may equal it)"
             )
         ends = np.cumsum(lengths)
-        if self.packing.eos_id is None:
-            return values.astype(np.int64), ends
-        with_eos = np.insert(values.astype(np.int64), ends, self.packing.eos_id)
-        return with_eos, ends + np.arange(1, len(ends) + 1)
+        eos = self.packing.eos_id
+        if eos is None:
+            return values, ends
+        if values.dtype != np.int64 and eos > np.iinfo(values.dtype).max:
+            values = values.astype(np.int64)
+        return np.insert(values, ends, eos), ends + np.arange(1, len(ends) + 1)
 
 
 _NO_TOKENS = np.zeros(0, dtype=np.int64)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -174,13 +174,22 @@ def window_parts(
     return parts
 
 
-def _joined(reads: list[tuple[np.ndarray, Future]], served: np.ndarray) -> pa.Table:
-    """A window's rows in serving order (storage offsets ``served``), from its reads'
-    rows (each read's offsets and its future)."""
+@dataclass(frozen=True)
+class Window:
+    """A window's rows as read (in storage order), and the row of ``rows`` served at
+    each serving position (``where``)."""
+
+    rows: pa.Table
+    where: np.ndarray
+
+
+def _joined(reads: list[tuple[np.ndarray, Future]], served: np.ndarray) -> Window:
+    """A window from its reads (each read's offsets and its future) and the storage
+    offsets ``served``, in serving order."""
     read = np.concatenate([offsets for offsets, _ in reads])
     order = np.argsort(read, kind="stable")
     where = order[np.searchsorted(read, served, sorter=order)]
-    return reordered(pa.concat_tables([future.result() for _, future in reads]), where)
+    return Window(pa.concat_tables([future.result() for _, future in reads]), where)
 
 
 @dataclass
@@ -225,6 +234,14 @@ class BudgetedReader:
     def tables(self) -> Iterator[pa.Table]:
         """The rows in order, as Arrow tables of one window each; the next windows' reads
         run while the consumer works on a table."""
+        return self._windows(lambda window: reordered(window.rows, window.where))
+
+    def windows(self) -> Iterator[Window]:
+        """The rows as :meth:`tables` serves them, but each window as read, for a
+        consumer that picks its rows itself (no reordered copy of the window)."""
+        return self._windows(lambda window: window)
+
+    def _windows(self, arrange: Callable[[Window], pa.Table | Window]) -> Iterator[Any]:
         pending: deque[tuple[list[tuple[np.ndarray, Future]], int, np.ndarray]] = deque()
         next_row = 0
         total = len(self.rows)
@@ -258,16 +275,18 @@ class BudgetedReader:
                 while next_row < total or pending:
                     start_reads()
                     reads, estimate, served = pending[0]
-                    # the reads' own rows are let go here: the window's table copies all
-                    # but its binary values
-                    table = _joined(reads, served)
+                    # a reordered window copies all but its binary values, and the
+                    # reads' own rows are let go here
+                    table = arrange(_joined(reads, served))
                     del reads
                     pending.popleft()
-                    size = held_bytes(table)
-                    self.row_bytes = size / max(1, table.num_rows)
+                    rows = table.rows if isinstance(table, Window) else table
+                    size = held_bytes(rows)
+                    self.row_bytes = size / max(1, rows.num_rows)
                     self._hold(size - estimate)
                     self.counters.add("bytes_loaded", size)
-                    self.counters.add("rows_read", table.num_rows)
+                    self.counters.add("rows_read", rows.num_rows)
+                    del rows
                     try:
                         start_reads()
                         yield table

@@ -3,32 +3,65 @@
 :class:`BlockBuilder` fills one reader's blocks in serving order. Blocks of several
 splits interleave in a reader, so it keeps, per split, the document that crossed the end
 of that split's last block (the rest of one document, never more), and opens the split's
-next block with it. A block is cut from the documents' tokens as one slice; the arrays of
-a batch (labels, positions, segments) are computed for the whole batch at once, from where
-each document ends: nothing runs per document or per token in Python.
+next block with it. A block is copied from the documents' tokens as at most two slices
+(that rest, then the documents it brings in); the arrays of a batch (labels, positions,
+segments) are computed for the whole batch at once from where its segments start
+(:func:`packed_fields`): nothing runs per document or per token in Python.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 
 from lightning_stream.packing.option import IGNORE_INDEX, TokenPacking
 
 _NONE = np.zeros(0, dtype=np.int64)
-_ONE = np.ones(1, dtype=np.int64)
 
 
-@dataclass(frozen=True)
-class FilledBlock:
-    """A block's document tokens (``block_size`` of them but at the epoch's end), the
-    positions where a document ends, and the token that follows its last position in
-    its document (``IGNORE_INDEX``: none)."""
+def packed_fields(
+    input_ids: np.ndarray, starts: np.ndarray, lengths: np.ndarray, follows: np.ndarray
+) -> dict[str, np.ndarray]:
+    """A batch's arrays (see :class:`~lightning_stream.packing.option.TokenPacking`).
 
-    tokens: np.ndarray
-    ends: np.ndarray
-    follows: int
+    Args:
+        input_ids: ``[B, block_size]`` int64, each block's tokens then padding.
+        starts: ``[B, block_size]`` bool, true where a segment starts: at position 0, at
+            every document's first token, and where the padding starts.
+        lengths: ``[B]`` tokens of each block that are not padding.
+        follows: ``[B]`` the token after each block's last position in its document,
+            ``IGNORE_INDEX`` where it has none.
+    """
+    count, size = input_ids.shape
+    flat_starts = np.flatnonzero(starts)
+    segment = np.cumsum(starts, axis=None) - 1  # of every position, over the batch
+    position_ids = np.arange(count * size) - flat_starts[segment]
+    segment = segment.reshape(count, size)
+    document_ids = (segment - segment[:, :1]).astype(np.int32)
+    labels = np.empty((count, size), dtype=np.int64)
+    labels[:, :-1] = input_ids[:, 1:]
+    labels[:, -1] = follows
+    # a position before a segment's start has no next token in its document
+    inner = flat_starts[flat_starts % size > 0]
+    labels.ravel()[inner - 1] = IGNORE_INDEX
+    for row in np.flatnonzero(lengths < size).tolist():
+        document_ids[row, lengths[row] :] = -1
+        labels[row, max(0, lengths[row] - 1) :] = IGNORE_INDEX
+    rows, columns = np.divmod(flat_starts, size)
+    segments = np.bincount(rows, minlength=count)
+    first = np.cumsum(segments) - segments
+    rank = np.arange(len(flat_starts)) - np.repeat(first, segments)
+    cu_seqlens = np.full((count, size + 1), size, dtype=np.int32)
+    cu_seqlens[rows, rank] = columns
+    # every block opens a segment at 0, so a segment runs to the next start (or the end)
+    seqlens = np.diff(np.append(flat_starts, count * size))
+    return {
+        "input_ids": input_ids,
+        "labels": labels,
+        "position_ids": position_ids.reshape(count, size),
+        "document_ids": document_ids,
+        "cu_seqlens": cu_seqlens,
+        "max_seqlen": np.maximum.reduceat(seqlens, first).astype(np.int32),
+    }
 
 
 class BlockBuilder:
@@ -39,76 +72,63 @@ class BlockBuilder:
         self.total = total
         self._carried: dict[int, np.ndarray] = {}
 
-    def block(
-        self, split: int, start: int, tokens: np.ndarray, ends: np.ndarray, offset: int
-    ) -> FilledBlock:
-        """The block of ``split`` at stream offset ``start``: the document carried from
-        the split's previous block, then ``tokens`` from ``offset`` (the documents the
-        block brings in, one after another; ``ends``: the position after each one's last
-        token, in ``tokens``)."""
-        real = min(self.packing.block_size, max(0, self.total - start))
-        carried = self._carried.pop(split, _NONE)
-        tokens, shift = tokens[offset:], len(carried) - offset
-        if len(carried):
-            tokens = np.concatenate([carried, tokens])
-            ends = np.concatenate([_ONE * len(carried), ends + shift])
-        elif shift:
-            ends = ends + shift
-        if len(tokens) < real:
-            raise self._mismatch(split, start)
-        # ends ascend: those within the block are a slice
-        inside = slice(np.searchsorted(ends, 0, "right"), np.searchsorted(ends, real, "right"))
-        rest = tokens[real:]
-        if len(rest):
-            if np.searchsorted(ends, len(tokens), "left") > inside.stop:
-                raise self._mismatch(split, start)  # only the last document may go on
-            self._carried[split] = rest.copy()
-        follows = int(rest[0]) if len(rest) else IGNORE_INDEX
-        return FilledBlock(tokens[:real], ends[inside] - 1, follows)
+    def batch(
+        self, blocks: np.ndarray, tokens: np.ndarray, ends: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        """The arrays of the next blocks.
 
-    def batch(self, blocks: list[FilledBlock]) -> dict[str, np.ndarray]:
-        """The arrays of a batch of ``blocks`` (see
-        :class:`~lightning_stream.packing.option.TokenPacking`)."""
+        Args:
+            blocks: ``[B, 4]``, per block in serving order: its split, its stream offset,
+                the documents it brings in and the offset into the first of them where it
+                starts (see :meth:`~lightning_stream.lance.packed.PackRows.next_blocks`).
+            tokens: the documents the blocks bring in, one after another.
+            ends: the position after each of those documents' last token, in ``tokens``.
+        """
         size = self.packing.block_size
         count = len(blocks)
-        input_ids = np.full((count, size), self.packing.pad_id, dtype=np.int64)
-        ends = np.zeros((count, size), dtype=bool)
-        lengths = np.empty(count, dtype=np.int64)
-        for row, block in enumerate(blocks):
-            input_ids[row, : len(block.tokens)] = block.tokens
-            ends[row, block.ends] = True
-            lengths[row] = len(block.tokens)
-        index = np.arange(size)
-        real = index[None, :] < lengths[:, None]
+        input_ids = np.empty((count, size), dtype=np.int64)
         starts = np.zeros((count, size), dtype=bool)
         starts[:, 0] = True
-        starts[:, 1:] = ends[:, :-1]
-        starts |= index[None, :] == lengths[:, None]  # padding: a segment of its own
-        rows, columns = np.nonzero(starts)
-        # every position's segment, counted over the batch, and where that segment starts
-        segment = np.cumsum(starts.ravel()) - 1
-        position_ids = (np.arange(count * size) - (rows * size + columns)[segment]).reshape(
-            count, size
-        )
-        segment = segment.reshape(count, size)
-        document_ids = (segment - segment[:, :1]).astype(np.int32)
-        document_ids[~real] = -1
-        labels = np.empty((count, size), dtype=np.int64)
-        labels[:, :-1] = input_ids[:, 1:]
-        labels[:, -1] = [block.follows for block in blocks]
-        labels[ends | ~real] = IGNORE_INDEX
-        segments = starts.sum(axis=1)
-        rank = np.arange(len(rows)) - np.repeat(np.cumsum(segments) - segments, segments)
-        cu_seqlens = np.full((count, size + 1), size, dtype=np.int32)
-        cu_seqlens[rows, rank] = columns
-        return {
-            "input_ids": input_ids,
-            "labels": labels,
-            "position_ids": position_ids,
-            "document_ids": document_ids,
-            "cu_seqlens": cu_seqlens,
-            "max_seqlen": np.diff(cu_seqlens, axis=1).max(axis=1).astype(np.int32),
-        }
+        lengths = np.minimum(size, np.maximum(0, self.total - blocks[:, 1]))
+        follows = np.full(count, IGNORE_INDEX, dtype=np.int64)
+        last_row = np.cumsum(blocks[:, 2])
+        bounds = np.concatenate([[0], ends])[np.concatenate([[0], last_row])]
+        # where each block's first brought-in token lands in the block
+        shift = np.zeros(count, dtype=np.int64)
+        for row, (split, start, brought, offset) in enumerate(blocks.tolist()):
+            real = int(lengths[row])
+            carried = self._carried.pop(split, _NONE)
+            filled = min(real, len(carried))
+            input_ids[row, :filled] = carried[:filled]
+            if 0 < filled < real:
+                starts[row, filled] = True  # the carried document ends there
+            low, high = int(bounds[row]) + offset, int(bounds[row + 1])
+            taken = real - filled
+            if taken > high - low:
+                raise self._mismatch(split, start)
+            input_ids[row, filled:real] = tokens[low : low + taken]
+            shift[row] = filled - low
+            rest = None
+            if filled < len(carried):  # the carried document fills the block and goes on
+                if brought:
+                    raise self._mismatch(split, start)
+                rest = carried[filled:]
+            elif low + taken < high:
+                if brought > 1 and ends[last_row[row] - 2] > low + taken:
+                    raise self._mismatch(split, start)  # only the last document goes on
+                rest = tokens[low + taken : high].copy()
+            if rest is not None:
+                self._carried[split] = rest
+                follows[row] = rest[0]
+            if real < size:
+                input_ids[row, real:] = self.packing.pad_id
+                starts[row, real] = True
+        # a document that ends inside its block opens the next segment after its end
+        owner = np.repeat(np.arange(count), blocks[:, 2])
+        inside = ends + shift[owner]
+        keep = (inside > 0) & (inside < lengths[owner])
+        starts[owner[keep], inside[keep]] = True
+        return packed_fields(input_ids, starts, lengths, follows)
 
     def _mismatch(self, split: int, start: int) -> RuntimeError:
         return RuntimeError(
