@@ -63,8 +63,9 @@ def read(ledger_dir: Path) -> list[tuple[int, int, int, np.ndarray]]:
 def main() -> None:
     parser = arguments()
     parser.add_argument("--cache-dir", required=True)
+    parser.add_argument("--local-copy", action="store_true")
     args = parser.parse_args()
-    packing = TokenPacking("tokens", BLOCK_SIZE, EOS_ID, PAD_ID, args.cache_dir)
+    packing = TokenPacking("tokens", BLOCK_SIZE, EOS_ID, PAD_ID, args.cache_dir, args.local_copy)
     dm = LanceDataModule(
         args.uri,
         "documents",

@@ -108,9 +108,12 @@ def document_of_each_position(ids: np.ndarray, lengths: np.ndarray) -> np.ndarra
     return documents
 
 
-def test_one_epoch_every_block_against_its_documents_every_token_once(token_dir, tmp_path):
+@pytest.mark.parametrize("local_copy", [False, True], ids=["lance", "local-copy"])
+def test_one_epoch_every_block_against_its_documents_every_token_once(
+    token_dir, tmp_path, local_copy
+):
     workdir, lengths = token_dir
-    packing = TokenPacking("tokens", 2048, EOS, PAD, str(tmp_path / "cache"))
+    packing = TokenPacking("tokens", 2048, EOS, PAD, str(tmp_path / "cache"), local_copy)
     dm = LanceDataModule(
         str(workdir / "db"), "documents", num_splits=SPLITS, batch_size=BATCH, pack=packing
     )
@@ -185,10 +188,13 @@ def test_the_saving_packed_run_is_exact(token_dir, saved_packed_run):
 
 
 @pytest.mark.parametrize("at_end", [False, True], ids=["mid-epoch", "last-block"])
-@pytest.mark.parametrize(("devices", "workers"), [(1, 0), (3, 2)])
+@pytest.mark.parametrize(
+    ("devices", "workers", "local_copy"), [(1, 0, False), (3, 2, True)], ids=["1x0", "3x2-local"]
+)
 def test_packed_resume_on_another_topology_is_exact(
-    token_dir, saved_packed_run, at_end, devices, workers
+    token_dir, saved_packed_run, at_end, devices, workers, local_copy
 ):
+    """The run saved reading the table resumes exactly, reading it or its local copy."""
     workdir, lengths = token_dir
     out, mid, last = saved_packed_run
     step = last if at_end else mid
@@ -197,6 +203,7 @@ def test_packed_resume_on_another_topology_is_exact(
         f"resume-{step}-w{devices}k{workers}",
         *("--devices", str(devices), "--workers", str(workers)),
         *("--ckpt-path", str(out / "ckpt" / f"step={step}.ckpt")),
+        *(["--local-copy"] if local_copy else []),
     )
     before = [e for e in pack_run.read(out / "ledger") if e[2] < step]
     after = pack_run.read(resumed / "ledger")
@@ -302,10 +309,14 @@ def test_columns_beside_pack_are_refused(small_token_uri):
         )
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_pad_id_that_is_a_token_of_the_data_is_named(small_token_uri, tmp_path, workers):
+@pytest.mark.parametrize(("workers", "local_copy"), [(0, False), (2, True)])
+def test_a_pad_id_that_is_a_token_of_the_data_is_named(
+    small_token_uri, tmp_path, workers, local_copy
+):
     used = 3 * MAX_DOCUMENT  # document 3's first token
-    packing = TokenPacking("tokens", 64, pad_id=used, cache_dir=str(tmp_path))
+    packing = TokenPacking(
+        "tokens", 64, pad_id=used, cache_dir=str(tmp_path), local_copy=local_copy
+    )
     dm = LanceDataModule(
         small_token_uri, "documents", num_splits=4, batch_size=2, num_workers=workers, pack=packing
     )
@@ -318,8 +329,11 @@ def test_a_pad_id_that_is_a_token_of_the_data_is_named(small_token_uri, tmp_path
         dm.teardown("fit")
 
 
-def test_validation_blocks_hold_every_selected_token_once_over_the_ranks(small_token_uri, tmp_path):
-    packing = TokenPacking("tokens", 64, EOS, PAD, str(tmp_path))
+@pytest.mark.parametrize("local_copy", [False, True], ids=["lance", "local-copy"])
+def test_validation_blocks_hold_every_selected_token_once_over_the_ranks(
+    small_token_uri, tmp_path, local_copy
+):
+    packing = TokenPacking("tokens", 64, EOS, PAD, str(tmp_path), local_copy)
     dm = LanceDataModule(
         small_token_uri,
         "documents",
@@ -343,3 +357,18 @@ def test_validation_blocks_hold_every_selected_token_once_over_the_ranks(small_t
     assert (tokens == EOS).sum() == chosen.sum()
     expected = every_token(np.where(chosen, lengths, 0))
     assert np.array_equal(np.sort(tokens[tokens != EOS]), expected)
+
+
+def test_a_local_copy_cut_short_is_named_with_what_to_do(small_token_uri, tmp_path):
+    packing = TokenPacking("tokens", 64, EOS, PAD, str(tmp_path), local_copy=True)
+    dm = LanceDataModule(small_token_uri, "documents", num_splits=4, batch_size=2, pack=packing)
+    dm.setup("fit")
+    (copy,) = tmp_path.glob("*.tokens")
+    with copy.open("r+b") as cut:
+        cut.truncate(copy.stat().st_size // 2)
+    try:
+        with pytest.raises(RuntimeError, match=rf"{copy}.*is shorter.*delete both files"):
+            for _ in dm.train_dataloader():
+                pass
+    finally:
+        dm.teardown("fit")

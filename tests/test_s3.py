@@ -236,12 +236,13 @@ def video_module(uri: str, options: dict, sidecars: Path) -> VideoEpisodeDataMod
     )
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_packed_documents_on_s3_give_every_token_once(s3, tmp_path, workers):
+@pytest.mark.parametrize(("workers", "local_copy"), [(0, False), (2, False), (2, True)])
+def test_packed_documents_on_s3_give_every_token_once(s3, tmp_path, workers, local_copy):
     options = s3.storage_options()
-    uri = f"s3://{BUCKET}/tokens-{workers}"
+    uri = f"s3://{BUCKET}/tokens-{workers}-{local_copy}"
     lengths = make_token_table(uri, 2_000, storage_options=options)
-    packing = TokenPacking("tokens", 512, EOS, PAD, str(tmp_path / "token-counts"))
+    cache = str(tmp_path / "token-counts")
+    packing = TokenPacking("tokens", 512, EOS, PAD, cache, local_copy)
     dm = LanceDataModule(
         uri,
         "documents",

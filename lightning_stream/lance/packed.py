@@ -2,7 +2,8 @@
 
 The arithmetic of which tokens each block holds is :mod:`lightning_stream.packing`; this
 module adds the table: the tokens of every row (counted once per table version by a scan
-of the token column's list lengths, and cached on local disk, :func:`token_lengths_file`),
+of the token column's list lengths, and cached on local disk with, if asked for, a copy
+of the column: :func:`token_files`),
 the storage rows a reader reads in order (:class:`PackRows`, a
 :class:`~lightning_stream.lance.reader.RowOrder` for the byte-bounded reader), and a
 reader's job (:class:`PackJob`), whose blocks are made in the reader.
@@ -25,7 +26,7 @@ import pyarrow.compute as pc
 from filelock import FileLock
 
 from lightning_stream.lance.order import storage_offsets
-from lightning_stream.lance.reader import BudgetedReader, TableOpener, Window
+from lightning_stream.lance.reader import BudgetedReader, ReadCounters, TableOpener, Window
 from lightning_stream.lance.selection import Selection
 from lightning_stream.packing.blocks import BlockBuilder
 from lightning_stream.packing.layout import ReaderBlocks, TokenLayout
@@ -45,44 +46,76 @@ def default_cache_dir() -> Path:
     return Path(base) / "lightning-stream" / "token-lengths"
 
 
-def token_lengths_file(table: Any, opener: TableOpener, column: str, cache_dir: Path) -> str:
+@dataclass(frozen=True)
+class LocalTokens:
+    """A local copy of a token column at one table version: every row's tokens end to
+    end as raw values of ``dtype`` (``tokens``), and where each row starts in them
+    (``starts``: raw int64, one more than the rows)."""
+
+    tokens: str
+    starts: str
+    dtype: str
+
+
+def token_files(
+    table: Any, opener: TableOpener, column: str, cache_dir: Path, local_copy: bool
+) -> tuple[str, LocalTokens | None]:
     """The path of a ``.npy`` file of the token count of every row of ``column`` at the
-    pinned version (a null row counts 0): read from the cache, or counted by one scan of
-    the column under a file lock (one process of a machine scans, the others wait)."""
+    pinned version (a null row counts 0), and with ``local_copy`` the column's
+    :class:`LocalTokens`: read from the cache, or written by one scan of the column under
+    a file lock (one process of a machine scans, the others wait)."""
     key = f"{opener.uri}\0{opener.name}\0{opener.version}\0{column}".encode()
-    path = cache_dir / f"{hashlib.sha256(key).hexdigest()[:32]}.npy"
-    if path.exists():
-        return str(path)
+    base = cache_dir / hashlib.sha256(key).hexdigest()[:32]
+    lengths = Path(f"{base}.npy")
+    local = None
+    if local_copy:
+        dtype = np.dtype(table.schema.field(column).type.value_type.to_pandas_dtype())
+        local = LocalTokens(f"{base}.tokens", f"{base}.starts", dtype.str)
+    wanted = [lengths] + ([Path(local.tokens), Path(local.starts)] if local else [])
+    if all(path.exists() for path in wanted):
+        return str(lengths), local
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):
-        if not path.exists():
+    with FileLock(f"{lengths}.lock"):
+        if not all(path.exists() for path in wanted):
             log.info(
-                "counting the tokens of column %r of table %r (version %d), once per version,"
-                " into %s",
+                "counting the tokens of column %r of table %r (version %d)%s, once per"
+                " version, into %s",
                 column,
                 opener.name,
                 opener.version,
-                path,
+                " and copying them" if local else "",
+                cache_dir,
             )
-            lengths = _scan_lengths(table, column)
-            partial = path.with_suffix(f".{os.getpid()}.partial")
-            with partial.open("wb") as out:
-                np.save(out, lengths)
-            os.replace(partial, path)
-    return str(path)
+            _scan_tokens(table, column, lengths, local)
+    return str(lengths), local
 
 
-def _scan_lengths(table: Any, column: str) -> np.ndarray:
+def _scan_tokens(table: Any, column: str, path: Path, local: LocalTokens | None) -> None:
+    """Write the row lengths to ``path`` and, with ``local``, the tokens and row starts:
+    each file written aside and moved in place once whole."""
     rows = table.count_rows()
     lengths = np.empty(rows, dtype=np.int32)
     done = 0
-    for batch in table.search().select([column]).to_batches(SCAN_ROWS):
-        counts = pc.fill_null(pc.list_value_length(batch.column(0)), 0).to_numpy()
-        lengths[done : done + len(counts)] = counts
-        done += len(counts)
+    partial = f".{os.getpid()}.partial"
+    with open(local.tokens + partial if local else os.devnull, "wb") as copy:
+        for batch in table.search().select([column]).to_batches(SCAN_ROWS):
+            documents = batch.column(0)
+            counts = pc.fill_null(pc.list_value_length(documents), 0).to_numpy()
+            lengths[done : done + len(counts)] = counts
+            done += len(counts)
+            if local is not None:
+                tokens = pc.list_flatten(documents).to_numpy(zero_copy_only=False)
+                tokens.astype(local.dtype, copy=False).tofile(copy)
     if done != rows:
         raise RuntimeError(f"the scan of column {column!r} gave {done} rows of {rows}")
-    return lengths
+    if local is not None:
+        starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+        starts.tofile(local.starts + partial)
+        os.replace(local.tokens + partial, local.tokens)
+        os.replace(local.starts + partial, local.starts)
+    with open(f"{path}{partial}", "wb") as out:
+        np.save(out, lengths)
+    os.replace(f"{path}{partial}", path)
 
 
 @dataclass(frozen=True)
@@ -189,41 +222,76 @@ class PackRows:
 @dataclass(frozen=True)
 class PackJob:
     """One reader's blocks of one epoch, cut into batches of ``sizes`` blocks; ``make``
-    turns a batch's arrays into its payload in the reader (``None``: the arrays)."""
+    turns a batch's arrays into its payload in the reader (``None``: the arrays). The
+    documents are read from the table, or from ``local`` (a local copy of the column)."""
 
     rows: PackRows
     sizes: Sequence[int]
     opener: TableOpener
     packing: TokenPacking
     make: Callable[[dict[str, np.ndarray]], Any] | None
+    local: LocalTokens | None = None
 
     def payloads(self, reader: BudgetedReader) -> Iterator[Any]:
-        if len(self.sizes):  # the first window brings the first batch's rows in
-            first = self.rows.blocks.needs(0, self.sizes[0]).rows.sum()
-            reader.window_rows = max(reader.window_rows, int(first))
+        if self.local is not None:
+            documents: _Documents | _LocalDocuments = _LocalDocuments(
+                self.rows, self.local, reader.counters
+            )
+        else:
+            if len(self.sizes):  # the first window brings the first batch's rows in
+                first = self.rows.blocks.needs(0, self.sizes[0]).rows.sum()
+                reader.window_rows = max(reader.window_rows, int(first))
+            documents = _Documents(reader.windows())
         builder = BlockBuilder(self.packing, self.rows.blocks.layout.total)
-        documents = _Documents(reader.windows(), self.packing, self.opener.name)
         block_size, total = self.packing.block_size, self.rows.blocks.layout.total
-        for size in self.sizes:
-            blocks = self.rows.next_blocks(size)
-            tokens, ends = documents.take(int(blocks[:, 2].sum()))
-            batch = builder.batch(blocks, tokens, ends)
-            real = int(np.clip(total - blocks[:, 1], 0, block_size).sum())
-            reader.counters.add("tokens", real)
-            reader.counters.add("padding_tokens", size * block_size - real)
-            yield batch if self.make is None else self.make(batch)
+        try:
+            for size in self.sizes:
+                blocks = self.rows.next_blocks(size)
+                values, lengths = documents.take(int(blocks[:, 2].sum()))
+                tokens, ends = _with_ends(values, lengths, self.packing, self.opener.name)
+                batch = builder.batch(blocks, tokens, ends)
+                real = int(np.clip(total - blocks[:, 1], 0, block_size).sum())
+                reader.counters.add("tokens", real)
+                reader.counters.add("padding_tokens", size * block_size - real)
+                yield batch if self.make is None else self.make(batch)
+        finally:
+            documents.close()
+
+
+def _with_ends(
+    values: np.ndarray, lengths: np.ndarray, packing: TokenPacking, table: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Documents' tokens (``values``, of documents of ``lengths``) each followed by the
+    end-of-document token, if any, and the position after each one's last token."""
+    pad = packing.pad_id
+    if bool((values == pad).any()):
+        raise ValueError(
+            f"TokenPacking(pad_id={pad}) is a token of a document of table {table!r}:"
+            " padding would be indistinguishable from data; pass a pad_id that no"
+            " document uses (eos_id may equal it)"
+        )
+    ends = np.cumsum(lengths)
+    eos = packing.eos_id
+    if eos is None:
+        return values, ends
+    if values.dtype != np.int64 and eos > np.iinfo(values.dtype).max:
+        values = values.astype(np.int64)
+    return np.insert(values, ends, eos), ends + np.arange(1, len(ends) + 1)
+
+
+def _runs(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each run of consecutive storage offsets starts in ``rows``, and its end."""
+    cuts = np.flatnonzero(rows[1:] != rows[:-1] + 1) + 1
+    return np.append(0, cuts), np.append(cuts, len(rows))
 
 
 class _Documents:
-    """The rows a reader read, in serving order, as documents: their tokens end to end
-    (each followed by the end-of-document token, if any), taken a batch's rows at a time
-    from the windows as read (rows in consecutive storage order as one slice), so nothing
-    beyond a batch's rows is copied out of the reader's windows."""
+    """The rows a reader read, in serving order: their tokens end to end, taken a
+    batch's rows at a time from the windows as read (rows in consecutive storage order
+    as one slice), so nothing beyond a batch's rows is copied out of the windows."""
 
-    def __init__(self, windows: Iterator[Window], packing: TokenPacking, table: str) -> None:
+    def __init__(self, windows: Iterator[Window]) -> None:
         self.windows = windows
-        self.packing = packing
-        self.table = table
         self._values = _NO_TOKENS
         self._offsets = np.zeros(1, dtype=np.int64)  # of each row in _values, and the end
         self._where = np.zeros(0, dtype=np.int64)  # the row served at each position
@@ -239,7 +307,7 @@ class _Documents:
         self._where, self._row = window.where, 0
 
     def take(self, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """The next ``count`` rows' tokens, and the position after each row's last."""
+        """The next ``count`` rows' tokens, one after another, and each row's length."""
         tokens, lengths = [], []
         while count:
             if self._row == len(self._where):
@@ -248,29 +316,71 @@ class _Documents:
             taken = min(count, len(self._where) - self._row)
             rows = self._where[self._row : self._row + taken]
             starts, stops = self._offsets[rows], self._offsets[rows + 1]
-            cuts = np.flatnonzero(rows[1:] != rows[:-1] + 1) + 1
-            firsts, lasts = np.append(0, cuts), np.append(cuts, taken) - 1
-            for low, high in zip(starts[firsts].tolist(), stops[lasts].tolist(), strict=True):
+            firsts, ends = _runs(rows)
+            for low, high in zip(starts[firsts].tolist(), stops[ends - 1].tolist(), strict=True):
                 tokens.append(self._values[low:high])
             lengths.append(stops - starts)
             self._row += taken
             count -= taken
-        values = tokens[0] if len(tokens) == 1 else np.concatenate([_NO_TOKENS, *tokens])
-        lengths = lengths[0] if len(lengths) == 1 else np.concatenate([_NO_TOKENS, *lengths])
-        pad = self.packing.pad_id
-        if bool((values == pad).any()):
-            raise ValueError(
-                f"TokenPacking(pad_id={pad}) is a token of a document of table"
-                f" {self.table!r}: padding would be indistinguishable from data; pass a"
-                " pad_id that no document uses (eos_id may equal it)"
+        return _joined_pieces(tokens), _joined_pieces(lengths)
+
+    def close(self) -> None:
+        self.windows.close()
+
+
+class _LocalDocuments:
+    """The rows a reader serves, in serving order: their tokens end to end, read from
+    the column's :class:`LocalTokens` (each run of consecutive storage rows by one file
+    read, so only a batch's tokens are held)."""
+
+    def __init__(self, rows: PackRows, local: LocalTokens, counters: ReadCounters) -> None:
+        self.rows = rows
+        self.local = local
+        self.counters = counters
+        self.dtype = np.dtype(local.dtype)
+        self._tokens = os.open(local.tokens, os.O_RDONLY)
+        self._starts = os.open(local.starts, os.O_RDONLY)
+        self._served = 0
+
+    def take(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """The next ``count`` rows' tokens, one after another, and each row's length."""
+        if not count:
+            return _NO_TOKENS, _NO_TOKENS
+        rows = self.rows(self._served, self._served + count)
+        self._served += count
+        firsts, ends = _runs(rows)
+        bounds = [
+            self._read(self._starts, np.dtype(np.int64), int(rows[first]), int(end - first + 1))
+            for first, end in zip(firsts.tolist(), ends.tolist(), strict=True)
+        ]
+        pieces = [
+            self._read(self._tokens, self.dtype, int(b[0]), int(b[-1] - b[0])) for b in bounds
+        ]
+        values = _joined_pieces(pieces)
+        self.counters.add("rows_read", count)
+        self.counters.add("bytes_loaded", values.nbytes)
+        return values, _joined_pieces([np.diff(b) for b in bounds])
+
+    def _read(self, fd: int, dtype: np.dtype, first: int, count: int) -> np.ndarray:
+        values = np.empty(count, dtype=dtype)
+        wanted = values.nbytes
+        if wanted and os.preadv(fd, [values], first * dtype.itemsize) != wanted:
+            raise RuntimeError(
+                f"the local token copy {self.local.tokens} (or its .starts) is shorter than"
+                " its table version: it was cut short or changed; delete both files and"
+                " start again (they are written anew)"
             )
-        ends = np.cumsum(lengths)
-        eos = self.packing.eos_id
-        if eos is None:
-            return values, ends
-        if values.dtype != np.int64 and eos > np.iinfo(values.dtype).max:
-            values = values.astype(np.int64)
-        return np.insert(values, ends, eos), ends + np.arange(1, len(ends) + 1)
+        return values
+
+    def close(self) -> None:
+        os.close(self._tokens)
+        os.close(self._starts)
+
+
+def _joined_pieces(pieces: list[np.ndarray]) -> np.ndarray:
+    if len(pieces) == 1:
+        return pieces[0]
+    return np.concatenate(pieces) if pieces else _NO_TOKENS
 
 
 _NO_TOKENS = np.zeros(0, dtype=np.int64)

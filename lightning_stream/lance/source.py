@@ -24,11 +24,12 @@ from lightning_stream.lance.order import (
 )
 from lightning_stream.lance.pace import LOCAL_PACE, REMOTE_PACE
 from lightning_stream.lance.packed import (
+    LocalTokens,
     PackJob,
     PackRows,
     TokenCounts,
     default_cache_dir,
-    token_lengths_file,
+    token_files,
 )
 from lightning_stream.lance.reader import ReadCounters, TableOpener
 from lightning_stream.lance.selection import Selection, select_rows
@@ -145,6 +146,7 @@ class LanceSource:
         self.pool_size = pool_clumps(self.shuffle_clump_size, self._row_bytes())
         self.types = ColumnTypes.of_schema(self.table.schema, self.columns)
         self.tokens: TokenCounts | None = None
+        self.local_tokens: LocalTokens | None = None
         if self.pack is not None:
             self._count_tokens(self.pack)
 
@@ -152,7 +154,9 @@ class LanceSource:
         """Blocks instead of rows: each split's ``split_len`` counts blocks."""
         pack.check_column(self.table.schema, self.name)
         cache = Path(pack.cache_dir) if pack.cache_dir else default_cache_dir()
-        path = token_lengths_file(self.table, self.opener, pack.column, cache)
+        path, self.local_tokens = token_files(
+            self.table, self.opener, pack.column, cache, pack.local_copy
+        )
         clump = self.shuffle_clump_size
         self.tokens = TokenCounts(path, self.rows, clump, pack.eos_tokens, self.selection)
         self.split_len = self.token_layout(0).blocks
@@ -247,7 +251,9 @@ class LanceSource:
             plan = RankEpochPlan(zeros, layout.blocks, world_size, rank, 0, batch_size)
             order = ReaderOrder.of_worker(plan, 0)
             rows = PackRows(ReaderBlocks(layout, order), self.selection)
-            return PackJob(rows, order.sizes, self.opener, self.pack, make.from_wire)
+            return PackJob(
+                rows, order.sizes, self.opener, self.pack, make.from_wire, self.local_tokens
+            )
         part, longer = divmod(self.rows, world_size)
         start = rank * part + min(rank, longer)
         storage = StorageRows(self.selection, start, start + part + (rank < longer))
@@ -292,7 +298,8 @@ class LanceSource:
     def job(self, epoch: int, order: ReaderOrder, pooled: bool) -> ReadJob | PackJob:
         if self.pack is not None:
             rows = PackRows(ReaderBlocks(self.token_layout(epoch), order), self.selection)
-            return PackJob(rows, order.sizes, self.opener, self.pack, self._block_maker(pooled))
+            make = self._block_maker(pooled)
+            return PackJob(rows, order.sizes, self.opener, self.pack, make, self.local_tokens)
         rows = ReaderRows(self.epoch_order(epoch), order)
         return ReadJob(rows, order.sizes, self.opener, self._maker(pooled))
 

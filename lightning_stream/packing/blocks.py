@@ -33,10 +33,11 @@ def packed_fields(
     """
     count, size = input_ids.shape
     flat_starts = np.flatnonzero(starts)
-    segment = np.cumsum(starts, axis=None) - 1  # of every position, over the batch
-    position_ids = np.arange(count * size) - flat_starts[segment]
-    segment = segment.reshape(count, size)
-    document_ids = (segment - segment[:, :1]).astype(np.int32)
+    # every position's segment over the batch, counted from 1 (int32: half the bytes)
+    segment = np.cumsum(starts, dtype=np.int32).reshape(count, size)
+    opened = np.append(0, flat_starts)[segment.ravel()]  # where its segment starts
+    position_ids = np.arange(count * size) - opened
+    document_ids = segment - segment[:, :1]
     labels = np.empty((count, size), dtype=np.int64)
     labels[:, :-1] = input_ids[:, 1:]
     labels[:, -1] = follows
