@@ -12,7 +12,8 @@ The documents (``--documents`` rows of 1 to 20,000 tokens, a heavy tail:
 ``lightning_stream.lance.synthetic.make_token_table``) are written once as a LanceDB
 table and, document for document with its end-of-document token appended, as a LitData
 token dataset (``litdata.optimize`` with ``TokensLoader``). The token counts our packing
-needs are counted once, before the rounds (a cost per table version, not per epoch).
+needs, and our local copy of the tokens, are written once, before the rounds, by one scan
+(a cost per table version, not per epoch, as LitData's ``optimize`` is; both are timed).
 Each configuration reads two shuffled epochs in a fresh process, the configurations
 interleaved, ``--rounds`` rounds; ``--step-ms`` follows every batch with a wait of that many
 ms in the consumer (a training step that leaves the cores to the readers, as a step on a
@@ -20,7 +21,9 @@ GPU does; default 0: none):
 
 - ``ours``: ``LanceDataModule(pack=TokenPacking(block_size, eos_id, pad_id))`` at its
   defaults otherwise (32 splits): batches of ``input_ids``, ``labels``, ``position_ids``,
-  ``document_ids``, ``cu_seqlens`` and ``max_seqlen``;
+  ``document_ids``, ``cu_seqlens`` and ``max_seqlen``, the documents read from the table;
+- ``ours-local``: the same with ``local_copy=True``: the documents read from the local
+  copy of the token column by file reads;
 - ``litdata``: ``StreamingDataset(item_loader=TokensLoader(block_size), shuffle=True)``
   through ``StreamingDataLoader``: batches of ``input_ids`` only (blocks cut from the
   concatenated tokens; labels, positions and document boundaries are left to the user);
@@ -54,6 +57,8 @@ ROOT = Path(__file__).resolve().parents[1]
 NUM_SPLITS = 32
 EOS_ID, PAD_ID = 2**31 - 1, 2**31 - 2
 READ_AHEAD_BYTES = 256 * 2**20  # LanceDataModule's default
+OURS = ("ours", "ours-local")
+LITDATA = ("litdata", "litdata-fields")
 CHUNK_DOCUMENTS = 10_000  # documents per optimize input
 
 
@@ -80,10 +85,10 @@ def epoch(
     reader, workers = config.split(":")
     workers = int(workers)
     before = tree_rss_mb()
-    if reader == "ours":
+    if reader in OURS:
         from lightning_stream import LanceDataModule, TokenPacking
 
-        packing = TokenPacking("tokens", block, EOS_ID, PAD_ID, cache)
+        packing = TokenPacking("tokens", block, EOS_ID, PAD_ID, cache, reader == "ours-local")
         shape = {"num_splits": NUM_SPLITS, "batch_size": batch, "num_workers": workers}
         dm = LanceDataModule(uri, "documents", **shape, pack=packing)
         dm.setup("fit")
@@ -99,7 +104,7 @@ def epoch(
     with PeakRss() as peak:
         start, stamps, first_rss = one_pass(loader, max(1, workers), step_ms)
     again_start, again, _ = one_pass(loader, max(1, workers), step_ms)
-    if reader == "ours":
+    if reader in OURS:
         dm.teardown("fit")
     return {
         **rates(start, stamps),
@@ -146,9 +151,10 @@ def one_pass(loader, readers: int, step_ms: float) -> tuple[float, list[tuple[fl
     return start, stamps, first_rss
 
 
-def write_data(tmp: Path, count: int) -> tuple[str, str, str]:
+def write_data(tmp: Path, count: int) -> tuple[tuple[str, str, str], dict[str, float]]:
     """The documents as a LanceDB table and a LitData token dataset; the token counts
-    cached. Returns the table's uri, the LitData directory and the cache directory."""
+    and our local copy of the tokens written to the cache. Returns the table's uri, the
+    LitData directory and the cache directory, and the seconds each preparation took."""
     import litdata
     from litdata import TokensLoader
 
@@ -158,6 +164,7 @@ def write_data(tmp: Path, count: int) -> tuple[str, str, str]:
     uri, out, cache = str(tmp / "db"), str(tmp / "litdata"), str(tmp / "cache")
     make_token_table(uri, count)
     specs = [(uri, s, min(CHUNK_DOCUMENTS, count - s)) for s in range(0, count, CHUNK_DOCUMENTS)]
+    start = time.perf_counter()
     litdata.optimize(
         fn=documents,
         inputs=specs,
@@ -167,9 +174,12 @@ def write_data(tmp: Path, count: int) -> tuple[str, str, str]:
         num_workers=1,
         mode="overwrite",
     )
-    packing = TokenPacking("tokens", 16, EOS_ID, PAD_ID, cache)
+    litdata_s = time.perf_counter() - start
+    start = time.perf_counter()
+    packing = TokenPacking("tokens", 16, EOS_ID, PAD_ID, cache, local_copy=True)
     LanceDataModule(uri, "documents", num_splits=1, batch_size=1, pack=packing).setup("fit")
-    return uri, out, cache
+    ours_s = time.perf_counter() - start
+    return (uri, out, cache), {"litdata_optimize_s": litdata_s, "ours_scan_and_copy_s": ours_s}
 
 
 def main() -> None:
@@ -183,11 +193,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, metavar="PATH", help="also keep the figures there")
     args = parser.parse_args()
-    readers = ("ours", "litdata", "litdata-fields")
-    configs = [f"{reader}:{w}" for w in (0, 2) for reader in readers]
+    configs = [f"{reader}:{w}" for w in (0, 2) for reader in OURS + LITDATA]
     runs: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        uri, litdata_dir, cache = write_data(Path(tmp), args.documents)
+        (uri, litdata_dir, cache), preparation = write_data(Path(tmp), args.documents)
         for round_ in range(args.rounds):
             runs.append({})
             for config in configs:
@@ -195,59 +204,66 @@ def main() -> None:
                 arguments += [str(args.batch_size), str(args.block_size), str(args.step_ms)]
                 runs[-1][config] = run_fresh(arguments, f"round {round_} {config}")
     figures = summary(runs)
-    report(figures)
+    report(figures, preparation)
     if args.json:
-        result = {"documents": args.documents, "block_size": args.block_size}
+        result = {"documents": args.documents, "block_size": args.block_size, **preparation}
         result |= {"batch_size": args.batch_size, "rounds": args.rounds, "step_ms": args.step_ms}
         name = f"{args.documents:,} documents, block {args.block_size}, step {args.step_ms:g} ms"
         save(args.json, name, {**result, "runs": runs, "figures": figures})
 
 
 def summary(runs: list[dict]) -> dict:
+    """Per worker count: LitData's figures, and each of ours with its ratios over each
+    LitData configuration, paired by round."""
     figures = {}
     for workers in (0, 2):
-        ours = [r[f"ours:{workers}"] for r in runs]
-        figures[f"{workers} workers"] = {
-            "ours_tokens_per_s": spread([r["after_first"] for r in ours]),
-            "ours_first_batch_s": statistics.median(r["first_batch_s"] for r in ours),
-            "ours_peak_above_first_mb": max(r["peak_above_first_mb"] for r in ours),
-            "read_ahead_mb": READ_AHEAD_BYTES / 2**20,
-        }
-        for reader in ("litdata", "litdata-fields"):
-            theirs = [r[f"{reader}:{workers}"] for r in runs]
-            paired = list(zip(ours, theirs, strict=True))
-            name = reader.replace("-", "_")
-            figures[f"{workers} workers"] |= {
-                f"{name}_tokens_per_s": spread([r["after_first"] for r in theirs]),
-                f"ours_over_{name}": spread(
-                    [a["after_first"] / b["after_first"] for a, b in paired]
-                ),
-                f"ours_over_{name}_second_epoch": spread(
-                    [a["second_epoch"] / b["second_epoch"] for a, b in paired]
-                ),
-                f"{name}_first_batch_s": statistics.median(r["first_batch_s"] for r in theirs),
+        figures[f"{workers} workers"] = entry = {"read_ahead_mb": READ_AHEAD_BYTES / 2**20}
+        for reader in OURS + LITDATA:
+            results = [r[f"{reader}:{workers}"] for r in runs]
+            entry[reader] = {
+                "tokens_per_s": spread([r["after_first"] for r in results]),
+                "first_batch_s": statistics.median(r["first_batch_s"] for r in results),
             }
+            if reader in LITDATA:
+                continue
+            entry[reader]["peak_above_first_mb"] = max(r["peak_above_first_mb"] for r in results)
+            for theirs in LITDATA:
+                paired = [(r[f"{reader}:{workers}"], r[f"{theirs}:{workers}"]) for r in runs]
+                entry[reader][f"over_{theirs}"] = spread(
+                    [a["after_first"] / b["after_first"] for a, b in paired]
+                )
+                entry[reader][f"over_{theirs}_second_epoch"] = spread(
+                    [a["second_epoch"] / b["second_epoch"] for a, b in paired]
+                )
     return figures
 
 
-def report(figures: dict) -> None:
+def report(figures: dict, preparation: dict) -> None:
     print(
-        f"\n{'workers':<10} {'ours tokens/s':>14} {'LitData':>12} {'ours/LitData':>18}"
-        f" {'epoch 2':>18} {'+fields':>12} {'ours/+fields':>18} {'epoch 2':>18}"
-        f" {'first batch s':>15} {'peak above first MB':>20}"
+        f"\nprepared once: LitData's optimize {preparation['litdata_optimize_s']:.1f} s, our"
+        f" token counts and local copy {preparation['ours_scan_and_copy_s']:.1f} s"
     )
-    for name, f in figures.items():
-        print(
-            f"{name:<10} {f['ours_tokens_per_s']['median']:>14.0f}"
-            f" {f['litdata_tokens_per_s']['median']:>12.0f}"
-            f" {shown(f['ours_over_litdata']):>18}"
-            f" {shown(f['ours_over_litdata_second_epoch']):>18}"
-            f" {f['litdata_fields_tokens_per_s']['median']:>12.0f}"
-            f" {shown(f['ours_over_litdata_fields']):>18}"
-            f" {shown(f['ours_over_litdata_fields_second_epoch']):>18}"
-            f" {f['ours_first_batch_s']:>7.2f} / {f['litdata_first_batch_s']:<5.2f}"
-            f" {f['ours_peak_above_first_mb']:>10.0f} of {f['read_ahead_mb']:.0f}"
-        )
+    print(
+        f"{'workers':<10} {'reader':<11} {'tokens/s':>12} {'/ LitData':>18} {'epoch 2':>18}"
+        f" {'/ +fields':>18} {'epoch 2':>18} {'first batch s':>14} {'peak above first MB':>20}"
+    )
+    for name, entry in figures.items():
+        for reader in OURS + LITDATA:
+            f = entry[reader]
+            ratios = ""
+            if reader in OURS:
+                ratios = " ".join(
+                    f"{shown(f[key]):>18}"
+                    for key in (
+                        "over_litdata",
+                        "over_litdata_second_epoch",
+                        "over_litdata-fields",
+                        "over_litdata-fields_second_epoch",
+                    )
+                )
+                ratios += f" {f['first_batch_s']:>14.2f}"
+                ratios += f" {f['peak_above_first_mb']:>10.0f} of {entry['read_ahead_mb']:.0f}"
+            print(f"{name:<10} {reader:<11} {f['tokens_per_s']['median']:>12.0f} {ratios}")
 
 
 if __name__ == "__main__":

@@ -349,28 +349,32 @@ class _LocalDocuments:
         rows = self.rows(self._served, self._served + count)
         self._served += count
         firsts, ends = _runs(rows)
-        bounds = [
-            self._read(self._starts, np.dtype(np.int64), int(rows[first]), int(end - first + 1))
-            for first, end in zip(firsts.tolist(), ends.tolist(), strict=True)
-        ]
-        pieces = [
-            self._read(self._tokens, self.dtype, int(b[0]), int(b[-1] - b[0])) for b in bounds
-        ]
-        values = _joined_pieces(pieces)
+        # each run's row starts and its end, one run after another in ``bounds``
+        sizes = ends - firsts + 1
+        last = np.cumsum(sizes)
+        bounds = np.empty(int(last[-1]), dtype=np.int64)
+        runs = zip(rows[firsts].tolist(), last.tolist(), sizes.tolist(), strict=True)
+        for row, stop, size in runs:
+            self._read(self._starts, bounds[stop - size : stop], row)
+        low, high = bounds[last - sizes], bounds[last - 1]
+        values = np.empty(int((high - low).sum()), dtype=self.dtype)
+        at = 0
+        for begin, end in zip(low.tolist(), high.tolist(), strict=True):
+            self._read(self._tokens, values[at : at + end - begin], begin)
+            at += end - begin
         self.counters.add("rows_read", count)
         self.counters.add("bytes_loaded", values.nbytes)
-        return values, _joined_pieces([np.diff(b) for b in bounds])
+        return values, np.delete(np.diff(bounds), last[:-1] - 1)
 
-    def _read(self, fd: int, dtype: np.dtype, first: int, count: int) -> np.ndarray:
-        values = np.empty(count, dtype=dtype)
-        wanted = values.nbytes
-        if wanted and os.preadv(fd, [values], first * dtype.itemsize) != wanted:
+    def _read(self, fd: int, into: np.ndarray, first: int) -> None:
+        """Fill ``into`` from the file's values at ``first`` on."""
+        wanted = into.nbytes
+        if wanted and os.preadv(fd, [into], first * into.itemsize) != wanted:
             raise RuntimeError(
                 f"the local token copy {self.local.tokens} (or its .starts) is shorter than"
                 " its table version: it was cut short or changed; delete both files and"
                 " start again (they are written anew)"
             )
-        return values
 
     def close(self) -> None:
         os.close(self._tokens)
