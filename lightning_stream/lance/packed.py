@@ -48,29 +48,36 @@ def default_cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class LocalTokens:
-    """A local copy of a token column at one table version: every row's tokens end to
-    end as raw values of ``dtype`` (``tokens``), and where each row starts in them
-    (``starts``: raw int64, one more than the rows)."""
+    """A local copy of a token column at one table version, for one ``eos_id``: every
+    row's tokens end to end, each row followed by ``eos_id`` unless it is ``None``, as
+    raw values of ``dtype`` (``tokens``), and where each row starts in them (``starts``:
+    raw int64, one more than the rows)."""
 
     tokens: str
     starts: str
     dtype: str
+    eos_id: int | None
 
 
 def token_files(
-    table: Any, opener: TableOpener, column: str, cache_dir: Path, local_copy: bool
+    table: Any, opener: TableOpener, packing: TokenPacking, cache_dir: Path
 ) -> tuple[str, LocalTokens | None]:
-    """The path of a ``.npy`` file of the token count of every row of ``column`` at the
-    pinned version (a null row counts 0), and with ``local_copy`` the column's
-    :class:`LocalTokens`: read from the cache, or written by one scan of the column under
-    a file lock (one process of a machine scans, the others wait)."""
+    """The path of a ``.npy`` file of the token count of every row of ``packing.column``
+    at the pinned version (a null row counts 0), and with ``packing.local_copy`` the
+    column's :class:`LocalTokens`: read from the cache, or written by one scan of the
+    column under a file lock (one process of a machine scans, the others wait)."""
+    column = packing.column
     key = f"{opener.uri}\0{opener.name}\0{opener.version}\0{column}".encode()
     base = cache_dir / hashlib.sha256(key).hexdigest()[:32]
     lengths = Path(f"{base}.npy")
     local = None
-    if local_copy:
+    if packing.local_copy:
         dtype = np.dtype(table.schema.field(column).type.value_type.to_pandas_dtype())
-        local = LocalTokens(f"{base}.tokens", f"{base}.starts", dtype.str)
+        eos = packing.eos_id
+        if eos is not None and eos > np.iinfo(dtype).max:
+            dtype = np.dtype(np.int64)
+        named = f"{base}.eos{eos}" if eos is not None else str(base)
+        local = LocalTokens(f"{named}.tokens", f"{named}.starts", dtype.str, eos)
     wanted = [lengths] + ([Path(local.tokens), Path(local.starts)] if local else [])
     if all(path.exists() for path in wanted):
         return str(lengths), local
@@ -105,11 +112,15 @@ def _scan_tokens(table: Any, column: str, path: Path, local: LocalTokens | None)
             done += len(counts)
             if local is not None:
                 tokens = pc.list_flatten(documents).to_numpy(zero_copy_only=False)
-                tokens.astype(local.dtype, copy=False).tofile(copy)
+                tokens = tokens.astype(local.dtype, copy=False)
+                if local.eos_id is not None:
+                    tokens = np.insert(tokens, np.cumsum(counts), local.eos_id)
+                tokens.tofile(copy)
     if done != rows:
         raise RuntimeError(f"the scan of column {column!r} gave {done} rows of {rows}")
     if local is not None:
-        starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+        extra = int(local.eos_id is not None)
+        starts = np.concatenate([[0], np.cumsum(lengths + extra, dtype=np.int64)])
         starts.tofile(local.starts + partial)
         os.replace(local.tokens + partial, local.tokens)
         os.replace(local.starts + partial, local.starts)
@@ -248,7 +259,9 @@ class PackJob:
             for size in self.sizes:
                 blocks = self.rows.next_blocks(size)
                 values, lengths = documents.take(int(blocks[:, 2].sum()))
-                tokens, ends = _with_ends(values, lengths, self.packing, self.opener.name)
+                tokens, ends = _with_ends(
+                    values, lengths, self.packing, self.opener.name, self.local is not None
+                )
                 batch = builder.batch(blocks, tokens, ends)
                 real = int(np.clip(total - blocks[:, 1], 0, block_size).sum())
                 reader.counters.add("tokens", real)
@@ -259,20 +272,23 @@ class PackJob:
 
 
 def _with_ends(
-    values: np.ndarray, lengths: np.ndarray, packing: TokenPacking, table: str
+    values: np.ndarray, lengths: np.ndarray, packing: TokenPacking, table: str, ended: bool
 ) -> tuple[np.ndarray, np.ndarray]:
     """Documents' tokens (``values``, of documents of ``lengths``) each followed by the
-    end-of-document token, if any, and the position after each one's last token."""
-    pad = packing.pad_id
-    if bool((values == pad).any()):
+    end-of-document token, if any (``ended``: ``values`` hold them already), and the
+    position after each one's last token."""
+    pad, eos = packing.pad_id, packing.eos_id
+    found = int(np.count_nonzero(values == pad))
+    if ended and pad == eos:
+        found -= len(lengths)
+    if found:
         raise ValueError(
             f"TokenPacking(pad_id={pad}) is a token of a document of table {table!r}:"
             " padding would be indistinguishable from data; pass a pad_id that no"
             " document uses (eos_id may equal it)"
         )
     ends = np.cumsum(lengths)
-    eos = packing.eos_id
-    if eos is None:
+    if ended or eos is None:
         return values, ends
     if values.dtype != np.int64 and eos > np.iinfo(values.dtype).max:
         values = values.astype(np.int64)
@@ -329,9 +345,9 @@ class _Documents:
 
 
 class _LocalDocuments:
-    """The rows a reader serves, in serving order: their tokens end to end, read from
-    the column's :class:`LocalTokens` (each run of consecutive storage rows by one file
-    read, so only a batch's tokens are held)."""
+    """The rows a reader serves, in serving order: their tokens end to end, each with
+    its end-of-document token, read from the column's :class:`LocalTokens` (each run of
+    consecutive storage rows by one file read, so only a batch's tokens are held)."""
 
     def __init__(self, rows: PackRows, local: LocalTokens, counters: ReadCounters) -> None:
         self.rows = rows

@@ -154,9 +154,7 @@ class LanceSource:
         """Blocks instead of rows: each split's ``split_len`` counts blocks."""
         pack.check_column(self.table.schema, self.name)
         cache = Path(pack.cache_dir) if pack.cache_dir else default_cache_dir()
-        path, self.local_tokens = token_files(
-            self.table, self.opener, pack.column, cache, pack.local_copy
-        )
+        path, self.local_tokens = token_files(self.table, self.opener, pack, cache)
         clump = self.shuffle_clump_size
         self.tokens = TokenCounts(path, self.rows, clump, pack.eos_tokens, self.selection)
         self.split_len = self.token_layout(0).blocks

@@ -15,8 +15,6 @@ import numpy as np
 
 from lightning_stream.packing.option import IGNORE_INDEX, TokenPacking
 
-_NONE = np.zeros(0, dtype=np.int64)
-
 
 def packed_fields(
     input_ids: np.ndarray, starts: np.ndarray, lengths: np.ndarray, follows: np.ndarray
@@ -94,30 +92,39 @@ class BlockBuilder:
         follows = np.full(count, IGNORE_INDEX, dtype=np.int64)
         last_row = np.cumsum(blocks[:, 2])
         bounds = np.concatenate([[0], ends])[np.concatenate([[0], last_row])]
-        # where each block's first brought-in token lands in the block
-        shift = np.zeros(count, dtype=np.int64)
-        for row, (split, start, brought, offset) in enumerate(blocks.tolist()):
-            real = int(lengths[row])
-            carried = self._carried.pop(split, _NONE)
-            filled = min(real, len(carried))
-            input_ids[row, :filled] = carried[:filled]
-            if 0 < filled < real:
-                starts[row, filled] = True  # the carried document ends there
-            low, high = int(bounds[row]) + offset, int(bounds[row + 1])
+        # the end of each block's last document but one (where it brings in two or more)
+        second_last = np.concatenate([[0], ends])[np.maximum(last_row - 1, 0)].tolist()
+        shift = [0] * count  # where each block's first brought-in token lands in it
+        for row, (split, start, brought, low, high, real) in enumerate(
+            zip(
+                *blocks[:, :3].T.tolist(),
+                (bounds[:-1] + blocks[:, 3]).tolist(),
+                bounds[1:].tolist(),
+                lengths.tolist(),
+                strict=True,
+            )
+        ):
+            carried = self._carried.pop(split, None)
+            filled = 0 if carried is None else min(real, len(carried))
+            if filled:
+                input_ids[row, :filled] = carried[:filled]
+                if filled < real:
+                    starts[row, filled] = True  # the carried document ends there
             taken = real - filled
             if taken > high - low:
                 raise self._mismatch(split, start)
             input_ids[row, filled:real] = tokens[low : low + taken]
             shift[row] = filled - low
-            rest = None
-            if filled < len(carried):  # the carried document fills the block and goes on
-                if brought:
+            if carried is not None and filled < len(carried):
+                if brought:  # the carried document fills the block and goes on
                     raise self._mismatch(split, start)
                 rest = carried[filled:]
             elif low + taken < high:
-                if brought > 1 and ends[last_row[row] - 2] > low + taken:
+                if brought > 1 and second_last[row] > low + taken:
                     raise self._mismatch(split, start)  # only the last document goes on
                 rest = tokens[low + taken : high].copy()
+            else:
+                rest = None
             if rest is not None:
                 self._carried[split] = rest
                 follows[row] = rest[0]
@@ -126,7 +133,7 @@ class BlockBuilder:
                 starts[row, real] = True
         # a document that ends inside its block opens the next segment after its end
         owner = np.repeat(np.arange(count), blocks[:, 2])
-        inside = ends + shift[owner]
+        inside = ends + np.asarray(shift, dtype=np.int64)[owner]
         keep = (inside > 0) & (inside < lengths[owner])
         starts[owner[keep], inside[keep]] = True
         return packed_fields(input_ids, starts, lengths, follows)
