@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 SCAN_ROWS = 8192
 # Blocks whose rows a reader computes at once.
 NEEDS_BLOCKS = 256
+# Bytes of tokens a reader of a local copy reads at once (its rows sorted, so that a
+# split's rows of several batches are one file read).
+COPY_WINDOW_BYTES = 8 * 2**20
 
 
 def default_cache_dir() -> Path:
@@ -245,14 +248,14 @@ class PackJob:
 
     def payloads(self, reader: BudgetedReader) -> Iterator[Any]:
         if self.local is not None:
-            documents: _Documents | _LocalDocuments = _LocalDocuments(
-                self.rows, self.local, reader.counters
-            )
+            window_bytes = min(COPY_WINDOW_BYTES, reader.budget)
+            windows = _copy_windows(self.rows, self.local, reader.counters, window_bytes)
         else:
             if len(self.sizes):  # the first window brings the first batch's rows in
                 first = self.rows.blocks.needs(0, self.sizes[0]).rows.sum()
                 reader.window_rows = max(reader.window_rows, int(first))
-            documents = _Documents(reader.windows())
+            windows = _table_windows(reader.windows())
+        documents = _Documents(windows)
         builder = BlockBuilder(self.packing, self.rows.blocks.layout.total)
         block_size, total = self.packing.block_size, self.rows.blocks.layout.total
         try:
@@ -301,40 +304,113 @@ def _runs(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.append(0, cuts), np.append(cuts, len(rows))
 
 
+@dataclass(frozen=True)
+class _TokenWindow:
+    """Rows' tokens end to end in storage order (row ``i``'s are
+    ``values[offsets[i]:offsets[i + 1]]``) and the row served at each serving position."""
+
+    values: np.ndarray
+    offsets: np.ndarray
+    where: np.ndarray
+
+
+def _table_windows(windows: Iterator[Window]) -> Iterator[_TokenWindow]:
+    """The token column of a reader's windows of table rows."""
+    try:
+        for window in windows:
+            rows = window.rows.column(0).combine_chunks()
+            if rows.null_count:
+                rows = pc.if_else(pc.is_null(rows), pa.scalar([], rows.type), rows)
+            offsets = rows.offsets.to_numpy().astype(np.int64)
+            values = rows.values.to_numpy(zero_copy_only=False)
+            yield _TokenWindow(values, offsets, window.where)
+    finally:
+        windows.close()
+
+
+def _copy_windows(
+    rows: PackRows, local: LocalTokens, counters: ReadCounters, window_bytes: int
+) -> Iterator[_TokenWindow]:
+    """The rows a reader serves, in windows of about ``window_bytes`` of tokens read from
+    the column's :class:`LocalTokens` (each with its end-of-document token): a window's
+    rows in storage order, each run of consecutive rows by one file read."""
+    dtype = np.dtype(local.dtype)
+    tokens, starts = os.open(local.tokens, os.O_RDONLY), os.open(local.starts, os.O_RDONLY)
+    held = 0
+    try:
+        table_rows = max(1, os.fstat(starts).st_size // 8 - 1)
+        row_bytes = max(1.0, os.fstat(tokens).st_size / table_rows)
+        window_rows = max(1, int(window_bytes // row_bytes))
+        served = 0
+        while served < len(rows):
+            count = min(window_rows, len(rows) - served)
+            wanted = rows(served, served + count)
+            served += count
+            order = np.argsort(wanted, kind="stable")
+            ascending = wanted[order]
+            firsts, ends = _runs(ascending)
+            # each run's row starts and its end, one run after another in ``bounds``
+            sizes = ends - firsts + 1
+            last = np.cumsum(sizes)
+            bounds = np.empty(int(last[-1]), dtype=np.int64)
+            runs = zip(ascending[firsts].tolist(), last.tolist(), sizes.tolist(), strict=True)
+            for row, stop, size in runs:
+                _read(starts, bounds[stop - size : stop], row, local)
+            low, high = bounds[last - sizes], bounds[last - 1]
+            values = np.empty(int((high - low).sum()), dtype=dtype)
+            at = 0
+            for begin, end in zip(low.tolist(), high.tolist(), strict=True):
+                _read(tokens, values[at : at + end - begin], begin, local)
+                at += end - begin
+            lengths = np.delete(np.diff(bounds), last[:-1] - 1)
+            where = np.empty(count, dtype=np.int64)
+            where[order] = np.arange(count)
+            counters.add("resident_bytes", values.nbytes - held)
+            held = values.nbytes
+            counters.add("rows_read", count)
+            counters.add("bytes_loaded", values.nbytes)
+            yield _TokenWindow(values, np.append(0, np.cumsum(lengths)), where)
+    finally:
+        counters.add("resident_bytes", -held)
+        os.close(tokens)
+        os.close(starts)
+
+
+def _read(fd: int, into: np.ndarray, first: int, local: LocalTokens) -> None:
+    """Fill ``into`` from the file's values at ``first`` on."""
+    wanted = into.nbytes
+    if wanted and os.preadv(fd, [into], first * into.itemsize) != wanted:
+        raise RuntimeError(
+            f"the local token copy {local.tokens} (or its .starts) is shorter than its table"
+            " version: it was cut short or changed; delete both files and start again"
+            " (they are written anew)"
+        )
+
+
 class _Documents:
-    """The rows a reader read, in serving order: their tokens end to end, taken a
-    batch's rows at a time from the windows as read (rows in consecutive storage order
-    as one slice), so nothing beyond a batch's rows is copied out of the windows."""
+    """The rows a reader serves, in serving order: their tokens end to end, taken a
+    batch's rows at a time from its windows (rows in consecutive storage order as one
+    slice), so nothing beyond a batch's rows is copied out of the windows."""
 
-    def __init__(self, windows: Iterator[Window]) -> None:
+    def __init__(self, windows: Iterator[_TokenWindow]) -> None:
         self.windows = windows
-        self._values = _NO_TOKENS
-        self._offsets = np.zeros(1, dtype=np.int64)  # of each row in _values, and the end
-        self._where = np.zeros(0, dtype=np.int64)  # the row served at each position
+        self._window = _TokenWindow(_NO_TOKENS, np.zeros(1, np.int64), _NO_TOKENS)
         self._row = 0  # the next serving position of the window
-
-    def _window(self) -> None:
-        window = next(self.windows)
-        rows = window.rows.column(0).combine_chunks()
-        if rows.null_count:
-            rows = pc.if_else(pc.is_null(rows), pa.scalar([], rows.type), rows)
-        self._offsets = rows.offsets.to_numpy().astype(np.int64)
-        self._values = rows.values.to_numpy(zero_copy_only=False)
-        self._where, self._row = window.where, 0
 
     def take(self, count: int) -> tuple[np.ndarray, np.ndarray]:
         """The next ``count`` rows' tokens, one after another, and each row's length."""
         tokens, lengths = [], []
         while count:
-            if self._row == len(self._where):
-                self._window()
+            window = self._window
+            if self._row == len(window.where):
+                self._window, self._row = next(self.windows), 0
                 continue
-            taken = min(count, len(self._where) - self._row)
-            rows = self._where[self._row : self._row + taken]
-            starts, stops = self._offsets[rows], self._offsets[rows + 1]
+            taken = min(count, len(window.where) - self._row)
+            rows = window.where[self._row : self._row + taken]
+            starts, stops = window.offsets[rows], window.offsets[rows + 1]
             firsts, ends = _runs(rows)
             for low, high in zip(starts[firsts].tolist(), stops[ends - 1].tolist(), strict=True):
-                tokens.append(self._values[low:high])
+                tokens.append(window.values[low:high])
             lengths.append(stops - starts)
             self._row += taken
             count -= taken
@@ -342,59 +418,6 @@ class _Documents:
 
     def close(self) -> None:
         self.windows.close()
-
-
-class _LocalDocuments:
-    """The rows a reader serves, in serving order: their tokens end to end, each with
-    its end-of-document token, read from the column's :class:`LocalTokens` (each run of
-    consecutive storage rows by one file read, so only a batch's tokens are held)."""
-
-    def __init__(self, rows: PackRows, local: LocalTokens, counters: ReadCounters) -> None:
-        self.rows = rows
-        self.local = local
-        self.counters = counters
-        self.dtype = np.dtype(local.dtype)
-        self._tokens = os.open(local.tokens, os.O_RDONLY)
-        self._starts = os.open(local.starts, os.O_RDONLY)
-        self._served = 0
-
-    def take(self, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """The next ``count`` rows' tokens, one after another, and each row's length."""
-        if not count:
-            return _NO_TOKENS, _NO_TOKENS
-        rows = self.rows(self._served, self._served + count)
-        self._served += count
-        firsts, ends = _runs(rows)
-        # each run's row starts and its end, one run after another in ``bounds``
-        sizes = ends - firsts + 1
-        last = np.cumsum(sizes)
-        bounds = np.empty(int(last[-1]), dtype=np.int64)
-        runs = zip(rows[firsts].tolist(), last.tolist(), sizes.tolist(), strict=True)
-        for row, stop, size in runs:
-            self._read(self._starts, bounds[stop - size : stop], row)
-        low, high = bounds[last - sizes], bounds[last - 1]
-        values = np.empty(int((high - low).sum()), dtype=self.dtype)
-        at = 0
-        for begin, end in zip(low.tolist(), high.tolist(), strict=True):
-            self._read(self._tokens, values[at : at + end - begin], begin)
-            at += end - begin
-        self.counters.add("rows_read", count)
-        self.counters.add("bytes_loaded", values.nbytes)
-        return values, np.delete(np.diff(bounds), last[:-1] - 1)
-
-    def _read(self, fd: int, into: np.ndarray, first: int) -> None:
-        """Fill ``into`` from the file's values at ``first`` on."""
-        wanted = into.nbytes
-        if wanted and os.preadv(fd, [into], first * into.itemsize) != wanted:
-            raise RuntimeError(
-                f"the local token copy {self.local.tokens} (or its .starts) is shorter than"
-                " its table version: it was cut short or changed; delete both files and"
-                " start again (they are written anew)"
-            )
-
-    def close(self) -> None:
-        os.close(self._tokens)
-        os.close(self._starts)
 
 
 def _joined_pieces(pieces: list[np.ndarray]) -> np.ndarray:
