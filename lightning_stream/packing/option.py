@@ -53,12 +53,14 @@ class TokenPacking:
         cache_dir: where the token count of every row is kept, counted once per table
             version by a scan of ``column`` (one process per machine scans, the others
             wait); default ``None``: ``$XDG_CACHE_HOME/lightning-stream/token-lengths``.
-        local_copy: also keep the token column itself there, written by that same scan
-            (the column's token ids, as stored, plus 8 bytes a row), and read the
-            documents from it with plain file reads instead of lance: lance takes rows at
-            a fixed CPU cost each, which bounds how fast short documents arrive. Default
-            ``False``: documents are read from the table, which may be larger than this
-            machine's disk. The blocks, and so the resume, are the same either way.
+        local_copy: also keep a copy of the token column there, written by that same
+            scan (the token ids at their stored width, each document followed by
+            ``eos_id``, and 8 bytes a row; one copy per table version and ``eos_id``),
+            and read the documents from it by plain file reads instead of through lance,
+            whose reads cost CPU per row: with short documents that, not the bytes,
+            bounds the tokens a second. Default ``False``: the documents are read from
+            the table, which may be larger than this machine's disk. The blocks, and so
+            the resume, are the same either way (a run may resume with the other).
     """
 
     column: str
