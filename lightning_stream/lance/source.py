@@ -23,17 +23,11 @@ from lightning_stream.lance.order import (
     pool_clumps,
 )
 from lightning_stream.lance.pace import LOCAL_PACE, REMOTE_PACE
-from lightning_stream.lance.packed import (
-    LocalTokens,
-    PackJob,
-    PackRows,
-    TokenCounts,
-    default_cache_dir,
-    token_files,
-)
+from lightning_stream.lance.packed import PackJob, PackRows, TokenCounts
 from lightning_stream.lance.reader import ReadCounters, TableOpener
 from lightning_stream.lance.selection import Selection, select_rows
 from lightning_stream.lance.task import ReadJob, ReadTask
+from lightning_stream.lance.token_cache import LocalTokens, default_cache_dir, token_files
 from lightning_stream.packing.layout import ReaderBlocks, TokenLayout
 from lightning_stream.packing.option import TokenPacking
 from lightning_stream.plan import BatchSizes, RankEpochPlan, ReaderOrder
