@@ -66,18 +66,14 @@ class TokenWindow:
     where: np.ndarray
 
 
-def table_windows(windows: Iterator[Window]) -> Iterator[TokenWindow]:
-    """The token column of a reader's windows of table rows."""
-    try:
-        for window in windows:
-            rows = window.rows.column(0).combine_chunks()
-            if rows.null_count:
-                rows = pc.if_else(pc.is_null(rows), pa.scalar([], rows.type), rows)
-            offsets = rows.offsets.to_numpy().astype(np.int64)
-            values = rows.values.to_numpy(zero_copy_only=False)
-            yield TokenWindow(values, offsets, window.where)
-    finally:
-        windows.close()
+def token_window(window: Window) -> TokenWindow:
+    """The token column of a window of table rows (its one array: lance's batches
+    joined, while the window's table is let go)."""
+    rows = window.rows.column(0).combine_chunks()
+    if rows.null_count:
+        rows = pc.if_else(pc.is_null(rows), pa.scalar([], rows.type), rows)
+    offsets = rows.offsets.to_numpy().astype(np.int64)
+    return TokenWindow(rows.values.to_numpy(zero_copy_only=False), offsets, window.where)
 
 
 def copy_windows(

@@ -21,7 +21,7 @@ from lightning_stream.lance.documents import (
     COPY_WINDOW_BYTES,
     Documents,
     copy_windows,
-    table_windows,
+    token_window,
     with_ends,
 )
 from lightning_stream.lance.order import storage_offsets
@@ -159,7 +159,7 @@ class PackJob:
             if len(self.sizes):  # the first window brings the first batch's rows in
                 first = self.rows.blocks.needs(0, self.sizes[0]).rows.sum()
                 reader.window_rows = max(reader.window_rows, int(first))
-            windows = table_windows(reader.windows())
+            windows = reader.windows(token_window)
         documents = Documents(windows)
         builder = BlockBuilder(self.packing, self.rows.blocks.layout.total)
         block_size, total = self.packing.block_size, self.rows.blocks.layout.total

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import lancedb
 import numpy as np
@@ -31,6 +31,8 @@ import pyarrow as pa
 from lightning_stream.lance.arrow import held_bytes, reordered, with_views
 from lightning_stream.lance.pace import LOCAL_PACE, ReadPace
 from lightning_stream.storage import StorageError, is_remote, storage_error
+
+T = TypeVar("T")
 
 # Rows of the first window at least; it brings the first batch in, and its rows give the
 # row size that sizes the windows after it.
@@ -234,14 +236,14 @@ class BudgetedReader:
     def tables(self) -> Iterator[pa.Table]:
         """The rows in order, as Arrow tables of one window each; the next windows' reads
         run while the consumer works on a table."""
-        return self._windows(lambda window: reordered(window.rows, window.where))
+        return self.windows(lambda window: reordered(window.rows, window.where))
 
-    def windows(self) -> Iterator[Window]:
-        """The rows as :meth:`tables` serves them, but each window as read, for a
-        consumer that picks its rows itself (no reordered copy of the window)."""
-        return self._windows(lambda window: window)
-
-    def _windows(self, arrange: Callable[[Window], pa.Table | Window]) -> Iterator[Any]:
+    def windows(self, arrange: Callable[[Window], T]) -> Iterator[T]:
+        """The rows as :meth:`tables` serves them, each window handed out as ``arrange``
+        makes it from the window as read (a consumer that picks its rows itself needs no
+        reordered copy). What ``arrange`` returns is held in the window's place, and
+        counted at the window's bytes: it must hold about as many, the read rows are let
+        go."""
         pending: deque[tuple[list[tuple[np.ndarray, Future]], int, np.ndarray]] = deque()
         next_row = 0
         total = len(self.rows)
@@ -275,18 +277,18 @@ class BudgetedReader:
                 while next_row < total or pending:
                     start_reads()
                     reads, estimate, served = pending[0]
-                    # a reordered window copies all but its binary values, and the
-                    # reads' own rows are let go here
-                    table = arrange(_joined(reads, served))
+                    window = _joined(reads, served)
                     del reads
                     pending.popleft()
-                    rows = table.rows if isinstance(table, Window) else table
-                    size = held_bytes(rows)
-                    self.row_bytes = size / max(1, rows.num_rows)
+                    size = held_bytes(window.rows)
+                    self.row_bytes = size / max(1, window.rows.num_rows)
                     self._hold(size - estimate)
                     self.counters.add("bytes_loaded", size)
-                    self.counters.add("rows_read", rows.num_rows)
-                    del rows
+                    self.counters.add("rows_read", window.rows.num_rows)
+                    # a reordered window copies all but its binary values: the reads'
+                    # own rows are let go here
+                    table = arrange(window)
+                    del window
                     try:
                         start_reads()
                         yield table
