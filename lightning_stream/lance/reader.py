@@ -43,11 +43,6 @@ FIRST_READ_ROWS = 16
 # are scanned where a pace says so). A window is read in several takes, on as many
 # threads.
 TAKE_ROWS = 2**16
-# Bytes lance holds per row while it reads it, beside the row's own (measured on a table
-# of 400-byte rows: about 3.5 times a window's bytes resident while 65,536-row windows
-# were in flight): a window in flight counts them against the budget, so that windows of
-# narrow rows are cut shorter rather than the process outgrowing its budget.
-READ_ROW_BYTES = 1024
 
 
 class ReadCounters:
@@ -235,7 +230,7 @@ class BudgetedReader:
         row = max(1.0, self.row_bytes)
         run = max(1, min(self.rows.run_rows, int(self.pace.run_bytes // row)))
         share = min(self.pace.window_bytes, self.budget // (self.pace.windows + 1))
-        fits = share // (row + READ_ROW_BYTES)
+        fits = share // (row + self.pace.read_row_bytes)
         full = max(1, min(max(self.rows.width * run, TAKE_ROWS), int(fits)))
         return min(self.window_rows * self.pace.growth, full)
 
@@ -263,7 +258,7 @@ class BudgetedReader:
                         return  # learn the row size before sizing more windows
                     window = self._next_window_rows()
                     rows = min(window, total - next_row)
-                    estimate = int(rows * ((self.row_bytes or 0) + READ_ROW_BYTES))
+                    estimate = int(rows * ((self.row_bytes or 0) + self.pace.read_row_bytes))
                     if self.held and self.held + estimate > self.budget:
                         return
                     self.window_rows = window
