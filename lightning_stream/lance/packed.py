@@ -162,7 +162,6 @@ class PackJob:
             windows = reader.windows(token_window)
         documents = Documents(windows)
         builder = BlockBuilder(self.packing, self.rows.blocks.layout.total)
-        block_size, total = self.packing.block_size, self.rows.blocks.layout.total
         try:
             for size in self.sizes:
                 blocks = self.rows.next_blocks(size)
@@ -171,9 +170,9 @@ class PackJob:
                     values, lengths, self.packing, self.opener.name, self.local is not None
                 )
                 batch = builder.batch(blocks, tokens, ends)
-                real = int(np.clip(total - blocks[:, 1], 0, block_size).sum())
+                real = int(builder.lengths(blocks).sum())
                 reader.counters.add("tokens", real)
-                reader.counters.add("padding_tokens", size * block_size - real)
+                reader.counters.add("padding_tokens", size * self.packing.block_size - real)
                 yield batch if self.make is None else self.make(batch)
         finally:
             documents.close()

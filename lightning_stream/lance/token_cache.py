@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,7 @@ def _scan_tokens(table: Any, column: str, path: Path, local: LocalTokens | None)
     lengths = np.empty(rows, dtype=np.int32)
     done = 0
     partial = f".{os.getpid()}.partial"
-    with open(local.tokens + partial if local else os.devnull, "wb") as copy:
+    with open(local.tokens + partial, "wb") if local else nullcontext() as copy:
         for batch in table.search().select([column]).to_batches(SCAN_ROWS):
             documents = batch.column(0)
             counts = pc.fill_null(pc.list_value_length(documents), 0).to_numpy()

@@ -88,12 +88,13 @@ class BlockBuilder:
         input_ids = np.empty((count, size), dtype=np.int64)
         starts = np.zeros((count, size), dtype=bool)
         starts[:, 0] = True
-        lengths = np.minimum(size, np.maximum(0, self.total - blocks[:, 1]))
+        lengths = self.lengths(blocks)
         follows = np.full(count, IGNORE_INDEX, dtype=np.int64)
         last_row = np.cumsum(blocks[:, 2])
-        bounds = np.concatenate([[0], ends])[np.concatenate([[0], last_row])]
+        opened = np.concatenate([[0], ends])  # where each document starts, and the end
+        bounds = opened[np.concatenate([[0], last_row])]
         # the end of each block's last document but one (where it brings in two or more)
-        second_last = np.concatenate([[0], ends])[np.maximum(last_row - 1, 0)].tolist()
+        second_last = opened[np.maximum(last_row - 1, 0)].tolist()
         shift = [0] * count  # where each block's first brought-in token lands in it
         for row, (split, start, brought, low, high, real) in enumerate(
             zip(
@@ -137,6 +138,11 @@ class BlockBuilder:
         keep = (inside > 0) & (inside < lengths[owner])
         starts[owner[keep], inside[keep]] = True
         return packed_fields(input_ids, starts, lengths, follows)
+
+    def lengths(self, blocks: np.ndarray) -> np.ndarray:
+        """The tokens of each of ``blocks`` (as :meth:`batch` takes them) that are not
+        padding."""
+        return np.clip(self.total - blocks[:, 1], 0, self.packing.block_size)
 
     def _mismatch(self, split: int, start: int) -> RuntimeError:
         return RuntimeError(
