@@ -27,10 +27,9 @@ class ReadPace:
         workers: the pace of each reading worker (``None``: this one).
         read_row_bytes: bytes lance holds per row while it takes rows by offset, beyond
             the rows' own, counted against the budget for every row of a window in flight
-            (for narrow rows more than the rows themselves: measured on 400-byte rows,
-            a process held about 3.5 times its windows' bytes while 65,536-row windows
-            were in flight); windows of narrow rows are then cut shorter rather than the
-            process outgrowing its budget.
+            (for narrow rows more than the rows themselves: ``benchmarks/bench_packing.py``
+            measures the process tree's memory on such rows); windows of narrow rows are
+            then cut shorter rather than the process outgrowing its budget.
     """
 
     io_threads: int
@@ -48,8 +47,8 @@ class ReadPace:
 
 
 # Local disk: windows read in takes of up to TAKE_ROWS rows (a window of long runs read by
-# range scans held far more and ran slower; a take holds about 1 KiB a row beyond the rows,
-# little for wide rows, more than the rows for narrow ones: the budget counts it).
+# range scans held far more and ran slower; a take also holds memory per row, little
+# beside wide rows, more than narrow ones: the budget counts it, read_row_bytes).
 # Windows of wide rows grow to 64 MiB, so that each of the many clumps a window serves
 # from gives a run of more than a few rows (lance's cost per row falls with the run), in
 # four takes of about 16 MB on eight threads (larger takes cost more CPU a row). Two
