@@ -132,7 +132,7 @@ def same_fields(blocks: list) -> dict:
     starts[:, 1:] = input_ids[:, :-1] == EOS_ID
     lengths = np.full(count, size)
     follows = np.full(count, IGNORE_INDEX)
-    fields = packed_fields(input_ids, starts, lengths, follows)
+    fields = packed_fields(input_ids, np.flatnonzero(starts), lengths, follows)
     return {name: torch.from_numpy(value) for name, value in fields.items()}
 
 

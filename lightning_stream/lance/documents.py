@@ -1,17 +1,20 @@
 """A reader's documents in serving order: from its windows of table rows, or of the
 token column's local copy.
 
-Either source gives windows of rows in storage order (:class:`TokenWindow`) and where each
-serving position's row is among them; :class:`Documents` takes a batch's rows from them
-in serving order, each run of consecutive storage rows as one slice, and
+Either source gives windows (:class:`TokenWindow`): rows' tokens end to end in storage
+order (the rows lance read for the window, or the whole copy, mapped into memory) and
+where each serving position's row is among them; :class:`Documents` takes a batch's rows
+from them in serving order, each run of consecutive storage rows as one slice, and
 :func:`with_ends` adds each document's end-of-document token.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -21,8 +24,8 @@ from lightning_stream.lance.reader import ReadCounters, RowOrder, Window
 from lightning_stream.lance.token_cache import LocalTokens
 from lightning_stream.packing.option import TokenPacking
 
-# Bytes of tokens a reader of a local copy reads at once (its rows sorted, so that a
-# split's rows of several batches are one file read).
+# Bytes of tokens a reader of a local copy maps at once: the pages it read stay resident
+# until the next window maps the files anew.
 COPY_WINDOW_BYTES = 8 * 2**20
 
 
@@ -79,60 +82,56 @@ def token_window(window: Window) -> TokenWindow:
 def copy_windows(
     rows: RowOrder, local: LocalTokens, counters: ReadCounters, window_bytes: int
 ) -> Iterator[TokenWindow]:
-    """The rows a reader serves, in windows of about ``window_bytes`` of tokens read from
-    the column's :class:`LocalTokens` (each with its end-of-document token): a window's
-    rows in storage order, each run of consecutive rows by one file read."""
+    """The rows a reader serves, in windows of about ``window_bytes`` of tokens, from the
+    column's :class:`LocalTokens` (each row with its end-of-document token), mapped into
+    memory: nothing is read ahead of a batch, and each window maps the files anew, so
+    that the pages read for the last one leave this process's resident memory when it
+    is let go."""
     dtype = np.dtype(local.dtype)
-    tokens, starts = os.open(local.tokens, os.O_RDONLY), os.open(local.starts, os.O_RDONLY)
-    held = 0
-    try:
-        table_rows = max(1, os.fstat(starts).st_size // 8 - 1)
-        row_bytes = max(1.0, os.fstat(tokens).st_size / table_rows)
+    with open(local.tokens, "rb") as tokens, open(local.starts, "rb") as starts:
+        table_rows = _checked_sizes(tokens, starts, dtype, local)
+        row_bytes = max(1.0, os.fstat(tokens.fileno()).st_size / max(1, table_rows))
         window_rows = max(1, int(window_bytes // row_bytes))
-        served = 0
-        while served < len(rows):
-            count = min(window_rows, len(rows) - served)
-            wanted = rows(served, served + count)
-            served += count
-            order = np.argsort(wanted, kind="stable")
-            ascending = wanted[order]
-            firsts, ends = _runs(ascending)
-            # each run's row starts and its end, one run after another in ``bounds``
-            sizes = ends - firsts + 1
-            last = np.cumsum(sizes)
-            bounds = np.empty(int(last[-1]), dtype=np.int64)
-            runs = zip(ascending[firsts].tolist(), last.tolist(), sizes.tolist(), strict=True)
-            for row, stop, size in runs:
-                _read(starts, bounds[stop - size : stop], row, local)
-            low, high = bounds[last - sizes], bounds[last - 1]
-            values = np.empty(int((high - low).sum()), dtype=dtype)
-            at = 0
-            for begin, end in zip(low.tolist(), high.tolist(), strict=True):
-                _read(tokens, values[at : at + end - begin], begin, local)
-                at += end - begin
-            lengths = np.delete(np.diff(bounds), last[:-1] - 1)
-            where = np.empty(count, dtype=np.int64)
-            where[order] = np.arange(count)
-            counters.add("resident_bytes", values.nbytes - held)
-            held = values.nbytes
-            counters.add("rows_read", count)
-            counters.add("bytes_loaded", values.nbytes)
-            yield TokenWindow(values, np.append(0, np.cumsum(lengths)), where)
-    finally:
-        counters.add("resident_bytes", -held)
-        os.close(tokens)
-        os.close(starts)
+        served = held = 0
+        try:
+            while served < len(rows):
+                count = min(window_rows, len(rows) - served)
+                wanted = rows(served, served + count)
+                served += count
+                offsets = _mapped(starts, np.dtype(np.int64))
+                values = _mapped(tokens, dtype)
+                size = int((offsets[wanted + 1] - offsets[wanted]).sum()) * dtype.itemsize
+                counters.add("resident_bytes", size - held)
+                held = size
+                counters.add("rows_read", count)
+                counters.add("bytes_loaded", size)
+                yield TokenWindow(values, offsets, wanted)
+        finally:
+            counters.add("resident_bytes", -held)
 
 
-def _read(fd: int, into: np.ndarray, first: int, local: LocalTokens) -> None:
-    """Fill ``into`` from the file's values at ``first`` on."""
-    wanted = into.nbytes
-    if wanted and os.preadv(fd, [into], first * into.itemsize) != wanted:
+def _mapped(file: Any, dtype: np.dtype) -> np.ndarray:
+    if not os.fstat(file.fileno()).st_size:
+        return np.zeros(0, dtype)
+    return np.frombuffer(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ), dtype)
+
+
+def _checked_sizes(tokens: Any, starts: Any, dtype: np.dtype, local: LocalTokens) -> int:
+    """The rows of the copy, once its files' sizes agree with each other and with its
+    table version (a file cut short would be read past its end)."""
+    starts_size = os.fstat(starts.fileno()).st_size
+    rows = starts_size // 8 - 1
+    whole = rows == local.rows and starts_size == 8 * (rows + 1)
+    if whole:
+        (last,) = np.frombuffer(os.pread(starts.fileno(), 8, starts_size - 8), np.int64)
+        whole = os.fstat(tokens.fileno()).st_size == int(last) * dtype.itemsize
+    if not whole:
         raise RuntimeError(
-            f"the local token copy {local.tokens} (or its .starts) is shorter than its table"
+            f"the local token copy {local.tokens} (or its .starts) does not match its table"
             " version: it was cut short or changed; delete both files and start again"
             " (they are written anew)"
         )
+    return rows
 
 
 class Documents:

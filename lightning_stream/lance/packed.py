@@ -35,6 +35,9 @@ from lightning_stream.placement import ClumpLayout, epoch_permutation
 
 # Blocks whose rows a reader computes at once.
 NEEDS_BLOCKS = 256
+# Blocks a reader builds at once (the batches they make are served one by one): numpy's
+# cost per call, not per token, bounds a batch of short documents built alone.
+BUILT_BLOCKS = 64
 
 
 @dataclass(frozen=True)
@@ -163,16 +166,34 @@ class PackJob:
         documents = Documents(windows)
         builder = BlockBuilder(self.packing, self.rows.blocks.layout.total)
         try:
-            for size in self.sizes:
-                blocks = self.rows.next_blocks(size)
+            for sizes in _grouped(self.sizes, BUILT_BLOCKS):
+                blocks = self.rows.next_blocks(sum(sizes))
                 values, lengths = documents.take(int(blocks[:, 2].sum()))
                 tokens, ends = with_ends(
                     values, lengths, self.packing, self.opener.name, self.local is not None
                 )
-                batch = builder.batch(blocks, tokens, ends)
-                real = int(builder.lengths(blocks).sum())
-                reader.counters.add("tokens", real)
-                reader.counters.add("padding_tokens", size * self.packing.block_size - real)
-                yield batch if self.make is None else self.make(batch)
+                arrays = builder.batch(blocks, tokens, ends)
+                real = builder.lengths(blocks)
+                at = 0
+                for size in sizes:
+                    batch = {name: array[at : at + size] for name, array in arrays.items()}
+                    served = int(real[at : at + size].sum())
+                    at += size
+                    reader.counters.add("tokens", served)
+                    reader.counters.add("padding_tokens", size * self.packing.block_size - served)
+                    yield batch if self.make is None else self.make(batch)
         finally:
             documents.close()
+
+
+def _grouped(sizes: Sequence[int], blocks: int) -> Iterator[list[int]]:
+    """``sizes`` in runs of consecutive batches of about ``blocks`` blocks (at least one
+    batch each)."""
+    group: list[int] = []
+    for size in sizes:
+        if group and sum(group) + size > blocks:
+            yield group
+            group = []
+        group.append(size)
+    if group:
+        yield group

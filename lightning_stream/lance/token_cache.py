@@ -41,12 +41,13 @@ class LocalTokens:
     """A local copy of a token column at one table version, for one ``eos_id``: every
     row's tokens end to end, each row followed by ``eos_id`` unless it is ``None``, as
     raw values of ``dtype`` (``tokens``), and where each row starts in them (``starts``:
-    raw int64, one more than the rows)."""
+    raw int64, one more than the ``rows`` of the table version)."""
 
     tokens: str
     starts: str
     dtype: str
     eos_id: int | None
+    rows: int
 
 
 def token_files(
@@ -67,7 +68,8 @@ def token_files(
         if eos is not None and eos > np.iinfo(dtype).max:
             dtype = np.dtype(np.int64)
         named = f"{base}.eos{eos}" if eos is not None else str(base)
-        local = LocalTokens(f"{named}.tokens", f"{named}.starts", dtype.str, eos)
+        files = (f"{named}.tokens", f"{named}.starts")
+        local = LocalTokens(*files, dtype.str, eos, table.count_rows())
     wanted = [lengths] + ([Path(local.tokens), Path(local.starts)] if local else [])
     if all(path.exists() for path in wanted):
         return str(lengths), local

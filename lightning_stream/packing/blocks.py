@@ -11,6 +11,8 @@ segments) are computed for the whole batch at once from where its segments start
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from lightning_stream.packing.option import IGNORE_INDEX, TokenPacking
@@ -23,44 +25,47 @@ def packed_fields(
 
     Args:
         input_ids: ``[B, block_size]`` int64, each block's tokens then padding.
-        starts: ``[B, block_size]`` bool, true where a segment starts: at position 0, at
-            every document's first token, and where the padding starts.
+        starts: where the batch's segments start, ascending, as positions in the
+            flattened ``input_ids``: every block's position 0, every document's first
+            token, and where a block's padding starts.
         lengths: ``[B]`` tokens of each block that are not padding.
         follows: ``[B]`` the token after each block's last position in its document,
             ``IGNORE_INDEX`` where it has none.
     """
     count, size = input_ids.shape
-    flat_starts = np.flatnonzero(starts)
-    # every position's segment over the batch, counted from 1 (int32: half the bytes)
-    segment = np.cumsum(starts, dtype=np.int32).reshape(count, size)
-    opened = np.append(0, flat_starts)[segment.ravel()]  # where its segment starts
-    position_ids = np.arange(count * size) - opened
-    document_ids = segment - segment[:, :1]
+    seqlens = np.diff(starts, append=count * size)
+    rows, columns = np.divmod(starts, size)
+    segments = np.bincount(rows, minlength=count)
+    first = np.cumsum(segments) - segments
+    rank = np.arange(len(starts)) - np.repeat(first, segments)
+    position_ids = _flat_positions(count * size) - np.repeat(starts, seqlens)
+    # a block's padding is the segment that starts where its tokens end
+    segment_ids = np.where(columns == lengths[rows], -1, rank).astype(np.int32)
     labels = np.empty((count, size), dtype=np.int64)
     labels[:, :-1] = input_ids[:, 1:]
     labels[:, -1] = follows
     # a position before a segment's start has no next token in its document
-    inner = flat_starts[flat_starts % size > 0]
-    labels.ravel()[inner - 1] = IGNORE_INDEX
+    labels.ravel()[starts[columns > 0] - 1] = IGNORE_INDEX
     for row in np.flatnonzero(lengths < size).tolist():
-        document_ids[row, lengths[row] :] = -1
-        labels[row, max(0, lengths[row] - 1) :] = IGNORE_INDEX
-    rows, columns = np.divmod(flat_starts, size)
-    segments = np.bincount(rows, minlength=count)
-    first = np.cumsum(segments) - segments
-    rank = np.arange(len(flat_starts)) - np.repeat(first, segments)
+        labels[row, lengths[row] :] = IGNORE_INDEX
     cu_seqlens = np.full((count, size + 1), size, dtype=np.int32)
     cu_seqlens[rows, rank] = columns
-    # every block opens a segment at 0, so a segment runs to the next start (or the end)
-    seqlens = np.diff(np.append(flat_starts, count * size))
     return {
         "input_ids": input_ids,
         "labels": labels,
         "position_ids": position_ids.reshape(count, size),
-        "document_ids": document_ids,
+        "document_ids": np.repeat(segment_ids, seqlens).reshape(count, size),
         "cu_seqlens": cu_seqlens,
         "max_seqlen": np.maximum.reduceat(seqlens, first).astype(np.int32),
     }
+
+
+@functools.lru_cache(maxsize=4)
+def _flat_positions(total: int) -> np.ndarray:
+    """``0 .. total - 1``, kept: a batch's positions are computed from it every batch."""
+    positions = np.arange(total)
+    positions.flags.writeable = False
+    return positions
 
 
 class BlockBuilder:
@@ -86,8 +91,9 @@ class BlockBuilder:
         size = self.packing.block_size
         count = len(blocks)
         input_ids = np.empty((count, size), dtype=np.int64)
-        starts = np.zeros((count, size), dtype=bool)
-        starts[:, 0] = True
+        # where segments start other than at a block's first position and at a brought-in
+        # document's first token: after a carried document, and where padding starts
+        starts: list[int] = []
         lengths = self.lengths(blocks)
         follows = np.full(count, IGNORE_INDEX, dtype=np.int64)
         last_row = np.cumsum(blocks[:, 2])
@@ -110,7 +116,7 @@ class BlockBuilder:
             if filled:
                 input_ids[row, :filled] = carried[:filled]
                 if filled < real:
-                    starts[row, filled] = True  # the carried document ends there
+                    starts.append(row * size + filled)
             taken = real - filled
             if taken > high - low:
                 raise self._mismatch(split, start)
@@ -131,13 +137,22 @@ class BlockBuilder:
                 follows[row] = rest[0]
             if real < size:
                 input_ids[row, real:] = self.packing.pad_id
-                starts[row, real] = True
+                starts.append(row * size + real)
         # a document that ends inside its block opens the next segment after its end
         owner = np.repeat(np.arange(count), blocks[:, 2])
         inside = ends + np.asarray(shift, dtype=np.int64)[owner]
         keep = (inside > 0) & (inside < lengths[owner])
-        starts[owner[keep], inside[keep]] = True
-        return packed_fields(input_ids, starts, lengths, follows)
+        segments = np.concatenate(
+            [
+                np.arange(0, count * size, size),
+                owner[keep] * size + inside[keep],
+                np.asarray(starts, dtype=np.int64),
+            ]
+        )
+        segments.sort()
+        # an empty document ends where the one before it does: one segment start
+        distinct = np.append(True, segments[1:] != segments[:-1])
+        return packed_fields(input_ids, segments[distinct], lengths, follows)
 
     def lengths(self, blocks: np.ndarray) -> np.ndarray:
         """The tokens of each of ``blocks`` (as :meth:`batch` takes them) that are not
