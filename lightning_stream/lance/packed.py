@@ -105,7 +105,8 @@ class PackRows:
         self.run_rows = blocks.layout.clumps.size
         self._computed = 0  # blocks whose rows are computed
         self._first = 0  # the position of the first row held
-        self._held = np.zeros(0, dtype=np.int64)
+        self._held = [np.zeros(0, dtype=np.int64)]  # rows computed, not yet asked for
+        self._held_count = 0
         # per block not yet built: split, stream offset, rows it brings in, offset in the first
         self._pending = np.zeros((0, 4), dtype=np.int64)
 
@@ -118,17 +119,20 @@ class PackRows:
         needs = self.blocks.needs(self._computed, self._computed + NEEDS_BLOCKS)
         self._computed += NEEDS_BLOCKS
         rows = storage_offsets(self.selection, self.blocks.layout.selected(needs.laid))
-        self._held = np.concatenate([self._held, rows])
+        self._held.append(rows)
+        self._held_count += len(rows)
         per_block = np.stack([needs.splits, needs.starts, needs.rows, needs.offsets], axis=1)
         self._pending = np.concatenate([self._pending, per_block])
         return True
 
     def __call__(self, start: int, stop: int) -> np.ndarray:
         """The storage offsets of rows ``[start, stop)``; asked in order."""
-        while self._first + len(self._held) < stop and self._more():
+        while self._first + self._held_count < stop and self._more():
             pass
-        asked = self._held[start - self._first : stop - self._first]
-        self._held = self._held[stop - self._first :]
+        held = np.concatenate(self._held) if len(self._held) != 1 else self._held[0]
+        asked = held[start - self._first : stop - self._first]
+        self._held = [held[stop - self._first :]]
+        self._held_count = len(self._held[0])
         self._first = stop
         return asked
 
