@@ -460,8 +460,9 @@ what it held once every reader had handed out a batch, against `read_ahead_bytes
             f"Prepared once: LitData's `optimize` {run['litdata_optimize_s']:.1f} s; our token"
             f" counts and local copy {run['ours_scan_and_copy_s']:.1f} s."
         )
+        rounds = f"Medians (range) of {run['rounds']} rounds" if run["rounds"] > 1 else "One round"
         text += f"""
-Medians (range) of {run["rounds"]} rounds, {run["documents"]:,} documents, blocks of \
+{rounds}, {run["documents"]:,} documents, blocks of \
 {run["block_size"]:,}{step}, {measured(run)}. {prepared}
 
 {table(header, rows)}

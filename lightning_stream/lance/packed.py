@@ -35,9 +35,10 @@ from lightning_stream.placement import ClumpLayout, epoch_permutation
 
 # Blocks whose rows a reader computes at once.
 NEEDS_BLOCKS = 256
-# Blocks a reader builds at once (the batches they make are served one by one): numpy's
-# cost per call, not per token, bounds a batch of short documents built alone.
-BUILT_BLOCKS = 64
+# Tokens of blocks a reader builds at once (at least one batch; the batches are then
+# served one by one): numpy's cost per call, not per token, bounds a batch of short
+# documents built alone.
+BUILT_TOKENS = 2**17
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,8 @@ class PackJob:
         documents = Documents(windows)
         builder = BlockBuilder(self.packing, self.rows.blocks.layout.total)
         try:
-            for sizes in _grouped(self.sizes, BUILT_BLOCKS):
+            at_once = max(1, BUILT_TOKENS // self.packing.block_size)
+            for sizes in _grouped(self.sizes, at_once):
                 blocks = self.rows.next_blocks(sum(sizes))
                 values, lengths = documents.take(int(blocks[:, 2].sum()))
                 tokens, ends = with_ends(

@@ -56,11 +56,12 @@ class TokenPacking:
         local_copy: also keep a copy of the token column there, written by that same
             scan (the token ids at their stored width, each document followed by
             ``eos_id``, and 8 bytes a row; one copy per table version and ``eos_id``),
-            and read the documents from it by plain file reads instead of through lance,
-            whose reads cost CPU per row: with short documents that, not the bytes,
-            bounds the tokens a second. Default ``False``: the documents are read from
-            the table, which may be larger than this machine's disk. The blocks, and so
-            the resume, are the same either way (a run may resume with the other).
+            and take the documents from it, mapped into memory, instead of reading
+            them through lance, whose reads cost CPU per row: with short documents
+            that, not the bytes, bounds the tokens a second. Default ``False``: the
+            documents are read from the table, which may be larger than this machine's
+            disk. The blocks, and so the resume, are the same either way (a run may
+            resume with the other).
     """
 
     column: str
