@@ -372,3 +372,22 @@ def test_a_local_copy_cut_short_is_named_with_what_to_do(small_token_uri, tmp_pa
                 pass
     finally:
         dm.teardown("fit")
+
+
+def test_token_counts_are_read_in_parts_of_the_counts_file(tmp_path, monkeypatch):
+    """The counts of a filtered table's clumps, read a few rows of the file at a time
+    (nothing mapped), are its rows' counts, whichever parts a clump's rows span."""
+    from lightning_stream.lance import packed
+    from lightning_stream.lance.selection import Selection
+
+    monkeypatch.setattr(packed, "COUNT_ROWS", 64)
+    lengths = np.random.default_rng(0).integers(0, 1000, 5000, dtype=np.int32)
+    np.save(tmp_path / "counts.npy", lengths)
+    keep = np.random.default_rng(1).random(5000) < 0.3
+    selection = Selection(np.packbits(keep, bitorder="little"), len(keep))
+    chosen = lengths[keep].astype(np.int64) + 1
+    counts = packed.TokenCounts(str(tmp_path / "counts.npy"), len(chosen), 100, 1, selection)
+    clumps = [chosen[start : start + 100] for start in range(0, len(chosen), 100)]
+    assert counts.clump_tokens.tolist() == [int(clump.sum()) for clump in clumps]
+    for index in (0, 3, len(clumps) - 1):
+        assert counts.row_tokens(index).tolist() == clumps[index].tolist()

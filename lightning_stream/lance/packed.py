@@ -35,6 +35,8 @@ from lightning_stream.placement import ClumpLayout, epoch_permutation
 
 # Blocks whose rows a reader computes at once.
 NEEDS_BLOCKS = 256
+# Rows whose token counts are read at once (a part of the counts file: 4 MiB).
+COUNT_ROWS = 2**20
 # Tokens of blocks a reader builds at once (at least one batch; the batches are then
 # served one by one): numpy's cost per call, not per token, bounds a batch of short
 # documents built alone.
@@ -45,8 +47,9 @@ BUILT_TOKENS = 2**17
 class TokenCounts:
     """The tokens of the selected rows, by clump of ``clump`` rows.
 
-    ``path``: the per-row lengths file (read through a memory map, so nothing per row is
-    held in memory); ``extra``: tokens added to every document (its end-of-document).
+    ``path``: the per-row lengths file (``.npy``), read a part at a time by positional
+    reads: no page of it stays mapped, so nothing per row of the table is held;
+    ``extra``: tokens added to every document (its end-of-document).
     """
 
     path: str
@@ -55,32 +58,49 @@ class TokenCounts:
     extra: int
     selection: Selection | None
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_lengths"}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
     @cached_property
-    def _lengths(self) -> np.ndarray:
-        return np.load(self.path, mmap_mode="r")
+    def _layout(self) -> tuple[int, np.dtype, int]:
+        """Where the file's values start, their type and how many there are."""
+        mapped = np.load(self.path, mmap_mode="r")
+        return mapped.offset, mapped.dtype, len(mapped)
+
+    def _read(self, offsets: np.ndarray) -> np.ndarray:
+        """The lengths of storage rows ``offsets`` (ascending), read in spans of at most
+        ``COUNT_ROWS`` rows."""
+        start, dtype, stored = self._layout
+        lengths = np.empty(len(offsets), dtype=np.int64)
+        if not len(offsets):
+            return lengths
+        if offsets[-1] >= stored:
+            raise RuntimeError(
+                f"the token counts file {self.path} holds {stored} rows, fewer than its"
+                " table version: it was cut short or changed; delete it (it is written anew)"
+            )
+        cuts = np.flatnonzero(np.diff(offsets // COUNT_ROWS)) + 1
+        with open(self.path, "rb") as file:
+            for low, high in zip([0, *cuts.tolist()], [*cuts.tolist(), len(offsets)], strict=True):
+                first, last = int(offsets[low]), int(offsets[high - 1])
+                file.seek(start + first * dtype.itemsize)
+                span = np.fromfile(file, dtype, last - first + 1)
+                lengths[low:high] = span[offsets[low:high] - first]
+        return lengths
 
     def row_tokens(self, clump: int) -> np.ndarray:
         """Tokens of each row of ``clump``."""
         selected = np.arange(clump * self.clump, min(self.rows, (clump + 1) * self.clump))
-        offsets = storage_offsets(self.selection, selected)
-        return self._lengths[offsets].astype(np.int64) + self.extra
+        return self._read(storage_offsets(self.selection, selected)) + self.extra
 
     @cached_property
     def clump_tokens(self) -> np.ndarray:
         """Tokens of each clump."""
+        sums = [np.zeros(0, dtype=np.int64)]
+        step = self.clump * max(1, COUNT_ROWS // self.clump)
+        for first in range(0, self.rows, step):
+            selected = np.arange(first, min(self.rows, first + step))
+            lengths = self._read(storage_offsets(self.selection, selected))
+            sums.append(np.add.reduceat(lengths, np.arange(0, len(lengths), self.clump)))
         starts = np.arange(0, self.rows, self.clump)
-        if self.selection is None:
-            lengths = np.asarray(self._lengths[: self.rows], dtype=np.int64)
-        else:
-            lengths = self._lengths[self.selection.offsets(np.arange(self.rows))].astype(np.int64)
-        sums = np.add.reduceat(lengths, starts) if self.rows else np.zeros(0, np.int64)
-        return sums + self.extra * np.diff(np.append(starts, self.rows))
+        return np.concatenate(sums) + self.extra * np.diff(np.append(starts, self.rows))
 
     def layout(
         self, num_splits: int, block_size: int, shuffle: bool, seed: int, epoch: int
