@@ -412,7 +412,9 @@ installed as for `bench_litdata.py`) writes 200,000 documents of 1 to 20,000 tok
 heavy tail, about 18M tokens) as a LanceDB table and, each followed by its
 end-of-document token, as a LitData token dataset, and reads two shuffled epochs per fresh
 process, batches of 16 blocks of 2,048 tokens, at 0 and 2 workers (also on 2,000,000
-documents, and with a training step after each batch):
+documents, on 20,000,000 documents (1.8 billion tokens; one round: the data, about 7 GB
+in each of the three forms, does not all stay in this machine's page cache), and with a
+training step after each batch):
 `LanceDataModule(pack=TokenPacking(...))` (32 splits; batches of `input_ids`, `labels`,
 `position_ids`, `document_ids`, `cu_seqlens`, `max_seqlen`), reading the documents from
 the table or, with `local_copy=True`, from a local copy of the token column, against
