@@ -44,6 +44,13 @@ class LedgerModel(pl.LightningModule):
         path = self.ledger_dir / f"rank{self.global_rank}.jsonl"
         self._ledger = path.open("a", buffering=1)
 
+    def teardown(self, stage: str) -> None:
+        # closed here rather than when the model is collected, which may be during a
+        # later fit (whose warnings a test may be recording)
+        if self._ledger is not None:
+            self._ledger.close()
+            self._ledger = None
+
     def training_step(self, batch, batch_idx):
         stream = self.trainer.datamodule.stream
         entry = {

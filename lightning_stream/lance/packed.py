@@ -59,7 +59,7 @@ class TokenCounts:
     selection: Selection | None
 
     @cached_property
-    def _layout(self) -> tuple[int, np.dtype, int]:
+    def _stored(self) -> tuple[int, np.dtype, int]:
         """Where the file's values start, their type and how many there are."""
         mapped = np.load(self.path, mmap_mode="r")
         return mapped.offset, mapped.dtype, len(mapped)
@@ -67,7 +67,7 @@ class TokenCounts:
     def _read(self, offsets: np.ndarray) -> np.ndarray:
         """The lengths of storage rows ``offsets`` (ascending), read in spans of at most
         ``COUNT_ROWS`` rows."""
-        start, dtype, stored = self._layout
+        start, dtype, stored = self._stored
         lengths = np.empty(len(offsets), dtype=np.int64)
         if not len(offsets):
             return lengths
