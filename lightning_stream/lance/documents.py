@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lightning_stream.lance.reader import ReadCounters, RowOrder, Window
+from lightning_stream.lance.reader import ReadCounters, RowOrder, Window, runs
 from lightning_stream.lance.token_cache import LocalTokens
 from lightning_stream.packing.option import TokenPacking
 
@@ -51,12 +51,6 @@ def with_ends(
     if values.dtype != np.int64 and eos > np.iinfo(values.dtype).max:
         values = values.astype(np.int64)
     return np.insert(values, ends, eos), ends + np.arange(1, len(ends) + 1)
-
-
-def _runs(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Where each run of consecutive storage offsets starts in ``rows``, and its end."""
-    cuts = np.flatnonzero(rows[1:] != rows[:-1] + 1) + 1
-    return np.append(0, cuts), np.append(cuts, len(rows))
 
 
 @dataclass(frozen=True)
@@ -155,7 +149,7 @@ class Documents:
             taken = min(count, len(window.where) - self._row)
             rows = window.where[self._row : self._row + taken]
             starts, stops = window.offsets[rows], window.offsets[rows + 1]
-            firsts, ends = _runs(rows)
+            firsts, ends = runs(rows)
             for low, high in zip(starts[firsts].tolist(), stops[ends - 1].tolist(), strict=True):
                 tokens.append(window.values[low:high])
             lengths.append(stops - starts)

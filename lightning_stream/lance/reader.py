@@ -155,6 +155,12 @@ class LanceReads:
         )
 
 
+def runs(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each run of consecutive storage offsets starts in ``offsets``, and its end."""
+    cuts = np.flatnonzero(offsets[1:] != offsets[:-1] + 1) + 1
+    return np.append(0, cuts), np.append(cuts, len(offsets))
+
+
 def window_parts(
     offsets: np.ndarray, pieces: int, scan_rows: int | None
 ) -> list[tuple[str, np.ndarray]]:
@@ -162,12 +168,11 @@ def window_parts(
     ``scan_rows`` consecutive offsets (``None``: none), ``("take", offsets)`` for the rest,
     in takes of at most ``TAKE_ROWS`` rows and at least ``pieces`` of them where they have
     16 rows each."""
-    cuts = np.flatnonzero(np.diff(offsets) != 1) + 1
-    bounds = np.concatenate([[0], cuts, [len(offsets)]])
-    lengths = np.diff(bounds)
+    firsts, ends = runs(offsets)
+    lengths = ends - firsts
     long = lengths >= (scan_rows or len(offsets) + 1)
     parts: list[tuple[str, np.ndarray]] = [
-        ("scan", offsets[bounds[run] : bounds[run + 1]]) for run in np.flatnonzero(long).tolist()
+        ("scan", offsets[firsts[run] : ends[run]]) for run in np.flatnonzero(long).tolist()
     ]
     rest = offsets[~np.repeat(long, lengths)]
     if len(rest):

@@ -92,7 +92,7 @@ def token_files(
 def _scan_tokens(table: Any, column: str, path: Path, local: LocalTokens | None) -> None:
     """Write the row lengths to ``path`` and, with ``local``, the tokens and row starts:
     each file written aside and moved in place once whole."""
-    rows = table.count_rows()
+    rows = local.rows if local is not None else table.count_rows()
     lengths = np.empty(rows, dtype=np.int32)
     done = 0
     partial = f".{os.getpid()}.partial"
