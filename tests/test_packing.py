@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from lightning_stream import LanceDataModule, TokenPacking
 from lightning_stream.lance.synthetic import MAX_DOCUMENT, document_lengths, make_token_table
-from lightning_stream.packing.blocks import BlockBuilder
+from lightning_stream.packing.blocks import BlockBuilder, cut_blocks
 from lightning_stream.packing.layout import ReaderBlocks, TokenLayout
 from lightning_stream.packing.option import IGNORE_INDEX
 from lightning_stream.placement import ClumpLayout, epoch_permutation
@@ -276,6 +276,75 @@ def test_every_topology_and_resume_point_packs_the_same_blocks(
     tokens = np.concatenate([b["input_ids"][b["document_ids"] >= 0] for b in whole.values()])
     assert np.array_equal(np.sort(tokens), np.sort(np.concatenate(documents)))
     assert len(tokens) == counts.sum()
+
+
+def read(flat: np.ndarray, cuts, start: int, stop: int) -> np.ndarray:
+    """Blocks ``[start, stop)`` of ``cuts`` as a reader reads them, from ``flat``."""
+    read = np.full((stop - start, cuts.block_size + 1), -7, dtype=flat.dtype)
+    for block, landed, source, length in cuts.pieces_of(start, stop).tolist():
+        read[block, landed : landed + length] = flat[source : source + length]
+    return read
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=8, max_size=60),
+    block_size=st.integers(1, 16),
+    clump=st.integers(1, 5),
+    eos=st.sampled_from([None, 7, 99]),
+    gaps=st.lists(st.integers(0, 3), min_size=60, max_size=60),
+    workers=st.sampled_from([0, 3]),
+    batch=st.integers(1, 7),
+)
+def test_blocks_cut_from_a_flat_copy_equal_the_blocks_built_from_read_documents(
+    lengths, block_size, clump, eos, gaps, workers, batch
+):
+    """Pure arithmetic: a reader that cuts each block from a flat array of the documents
+    (the local copy: rows in storage order, here with unread tokens between some rows,
+    as rows a selection leaves out) gives the blocks of one that reads each document once
+    and carries it across blocks: same arrays, same pad_id count (eos_id 99 = pad_id)."""
+    packing = TokenPacking("tokens", block_size, eos, 99)
+    documents = [np.arange(n) + 100 * (row + 1) for row, n in enumerate(lengths)]
+    if eos is not None:
+        documents = [np.append(doc, eos) for doc in documents]
+    counts = np.asarray([len(doc) for doc in documents], dtype=np.int64)
+    rows = len(lengths)
+    clumps = ClumpLayout(rows, clump, epoch_permutation(-(-rows // clump), 5, 2, True))
+    sums = np.add.reduceat(counts, np.arange(0, rows, clump))
+    layout = TokenLayout(clumps, sums, lambda c: counts[c * clump : (c + 1) * clump], 3, block_size)
+    unread = [np.full(gap, -1) for gap in gaps[:rows]]
+    parts = [part for pair in zip(unread, documents, strict=True) for part in pair]
+    flat = np.concatenate([np.zeros(0, np.int64), *parts])
+    sources = np.cumsum(gaps[:rows]) + np.concatenate([[0], np.cumsum(counts)[:-1]])
+    plan = RankEpochPlan((0, 0, 0), layout.blocks, 1, 0, workers, batch)
+    for order in [ReaderOrder.of_worker(plan, w) for w in range(max(1, workers))]:
+        reader = ReaderBlocks(layout, order)
+        built = BlockBuilder(packing, layout.total)
+        needs = reader.needs(0, len(reader))
+        rows_read = iter(layout.selected(needs.laid).tolist())
+        covered = reader.needs(0, len(reader), carried=False)
+        laid = layout.selected(covered.laid)
+        cuts = cut_blocks(covered, layout.total, block_size, sources[laid], counts[laid])
+        one_by_one = []
+        for block, (split, start, count, offset) in enumerate(
+            zip(needs.splits, needs.starts, needs.rows, needs.offsets, strict=True)
+        ):
+            docs = [documents[next(rows_read)] for _ in range(count)]
+            tokens = np.concatenate([np.zeros(0, np.int64), *docs])
+            ends = np.cumsum([len(doc) for doc in docs], dtype=np.int64)
+            one = np.asarray([[split, start, count, offset]], dtype=np.int64)
+            expected = built.batch(one, tokens, ends)
+            arrays, found = cuts.arrays(
+                read(flat, cuts, block, block + 1), block, block + 1, packing
+            )
+            assert found == 0, "eos_id = pad_id is not counted as a pad_id in the data"
+            for name, value in expected.items():
+                assert np.array_equal(arrays[name], value), (block, name)
+            one_by_one.append(arrays)
+        if one_by_one:  # several blocks at once are the blocks one at a time
+            together, _ = cuts.arrays(read(flat, cuts, 0, len(cuts)), 0, len(cuts), packing)
+            for name, value in together.items():
+                assert np.array_equal(value, np.concatenate([a[name] for a in one_by_one]))
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,8 @@ module adds the table: the tokens of every row (counted once per table version a
 on local disk, :mod:`lightning_stream.lance.token_cache`), the storage rows a reader reads
 in order (:class:`PackRows`, a :class:`~lightning_stream.lance.reader.RowOrder` for the
 byte-bounded reader), and a reader's job (:class:`PackJob`), whose blocks are made in the
-reader from its documents (:mod:`lightning_stream.lance.documents`).
+reader from the documents it read (:mod:`lightning_stream.lance.documents`), or cut from
+the column's local copy (:mod:`lightning_stream.lance.copied`).
 """
 
 from __future__ import annotations
@@ -17,13 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from lightning_stream.lance.documents import (
-    COPY_WINDOW_BYTES,
-    Documents,
-    copy_windows,
-    token_window,
-    with_ends,
-)
+from lightning_stream.lance.copied import copied_batches
+from lightning_stream.lance.documents import Documents, token_window, with_ends
 from lightning_stream.lance.order import storage_offsets
 from lightning_stream.lance.reader import BudgetedReader, TableOpener
 from lightning_stream.lance.selection import Selection
@@ -170,7 +166,8 @@ class PackRows:
 class PackJob:
     """One reader's blocks of one epoch, cut into batches of ``sizes`` blocks; ``make``
     turns a batch's arrays into its payload in the reader (``None``: the arrays). The
-    documents are read from the table, or from ``local`` (a local copy of the column)."""
+    documents are read from the table, each once, or the blocks are cut from ``local``
+    (a local copy of the column, :mod:`lightning_stream.lance.copied`)."""
 
     rows: PackRows
     sizes: Sequence[int]
@@ -180,34 +177,54 @@ class PackJob:
     local: LocalTokens | None = None
 
     def payloads(self, reader: BudgetedReader) -> Iterator[Any]:
+        groups = list(_grouped(self.sizes, max(1, BUILT_TOKENS // self.packing.block_size)))
         if self.local is not None:
-            window_bytes = min(COPY_WINDOW_BYTES, reader.budget)
-            windows = copy_windows(self.rows, self.local, reader.counters, window_bytes)
+            batches = copied_batches(
+                self.rows.blocks,
+                self.rows.selection,
+                self.local,
+                groups,
+                self.packing,
+                self.opener.name,
+                reader.counters,
+                reader.budget,
+            )
         else:
-            if len(self.sizes):  # the first window brings the first batch's rows in
-                first = self.rows.blocks.needs(0, self.sizes[0]).rows.sum()
-                reader.window_rows = max(reader.window_rows, int(first))
-            windows = reader.windows(token_window)
-        documents = Documents(windows)
+            batches = self._read_batches(reader, groups)
+        size = self.packing.block_size
+        try:
+            for batch, served in batches:
+                blocks = len(batch["input_ids"])
+                reader.counters.add("tokens", served)
+                reader.counters.add("padding_tokens", blocks * size - served)
+                yield batch if self.make is None else self.make(batch)
+        finally:
+            batches.close()
+
+    def _read_batches(
+        self, reader: BudgetedReader, groups: list[list[int]]
+    ) -> Iterator[tuple[dict[str, np.ndarray], int]]:
+        """Each batch's arrays, and its tokens that are not padding, from the documents
+        read from the table, each once."""
+        if len(self.sizes):  # the first window brings the first batch's rows in
+            first = self.rows.blocks.needs(0, self.sizes[0]).rows.sum()
+            reader.window_rows = max(reader.window_rows, int(first))
+        documents = Documents(reader.windows(token_window))
         builder = BlockBuilder(self.packing, self.rows.blocks.layout.total)
         try:
-            at_once = max(1, BUILT_TOKENS // self.packing.block_size)
-            for sizes in _grouped(self.sizes, at_once):
+            for sizes in groups:
                 blocks = self.rows.next_blocks(sum(sizes))
                 values, lengths = documents.take(int(blocks[:, 2].sum()))
-                tokens, ends = with_ends(
-                    values, lengths, self.packing, self.opener.name, self.local is not None
-                )
+                tokens, ends = with_ends(values, lengths, self.packing, self.opener.name)
                 arrays = builder.batch(blocks, tokens, ends)
                 real = builder.lengths(blocks)
                 at = 0
                 for size in sizes:
-                    batch = {name: array[at : at + size] for name, array in arrays.items()}
-                    served = int(real[at : at + size].sum())
+                    yield (
+                        {name: array[at : at + size] for name, array in arrays.items()},
+                        int(real[at : at + size].sum()),
+                    )
                     at += size
-                    reader.counters.add("tokens", served)
-                    reader.counters.add("padding_tokens", size * self.packing.block_size - served)
-                    yield batch if self.make is None else self.make(batch)
         finally:
             documents.close()
 

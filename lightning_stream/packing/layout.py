@@ -129,8 +129,8 @@ class BlockNeeds:
     """What blocks at consecutive serving positions of one reader need, in order.
 
     ``splits``/``starts``: each block's split and stream offset; ``rows``: the laid rows
-    each brings in (its first one begun at ``offsets``: a row that the reader's previous
-    block of that split, if any, did not hold), all concatenated in ``laid``.
+    each brings in (:meth:`ReaderBlocks.needs`), the first of them begun at ``offsets``,
+    all concatenated in ``laid``.
     """
 
     splits: np.ndarray
@@ -163,15 +163,19 @@ class ReaderBlocks:
         end, _ = self.layout.at(self.layout.block_start(splits, stops))
         return int((end - begin + (offset > 0)).sum())
 
-    def needs(self, start: int, stop: int) -> BlockNeeds:
-        """What the blocks at serving positions ``[start, stop)`` need."""
+    def needs(self, start: int, stop: int, carried: bool = True) -> BlockNeeds:
+        """What the blocks at serving positions ``[start, stop)`` need: with ``carried``,
+        a row that the reader's previous block of the same split began is not listed
+        again (it is carried over); without, every block lists every row it holds."""
         layout = self.layout
         splits, blocks = self.order.positions(start, min(stop, len(self)))
         starts = layout.block_start(splits, blocks)
         begin, offsets = layout.at(starts)
         end, _ = layout.at(starts + layout.block_size)
-        firsts = np.asarray([self.order.spans[s][0] for s in splits.tolist()], dtype=np.int64)
-        offsets = np.where(blocks == firsts, offsets, 0)  # else carried from the last block
+        if carried:
+            spans = self.order.spans
+            firsts = np.asarray([spans[s][0] for s in splits.tolist()], dtype=np.int64)
+            offsets = np.where(blocks == firsts, offsets, 0)
         begin -= offsets > 0
         rows = end - begin
         within = np.arange(rows.sum()) - np.repeat(np.cumsum(rows) - rows, rows)

@@ -56,9 +56,10 @@ class TokenPacking:
         local_copy: also keep a copy of the token column there, written by that same
             scan (the token ids at their stored width, each document followed by
             ``eos_id``, and 8 bytes a row; one copy per table version and ``eos_id``),
-            and take the documents from it, mapped into memory, instead of reading
-            them through lance, whose reads cost CPU per row: with short documents
-            that, not the bytes, bounds the tokens a second. Default ``False``: the
+            and cut the blocks from it (a positional read per run of consecutive
+            rows) instead of reading the documents through lance, whose reads cost CPU
+            per row: with short documents that, not the bytes, bounds the tokens a
+            second. Default ``False``: the
             documents are read from the table, which may be larger than this machine's
             disk. The blocks, and so the resume, are the same either way (a run may
             resume with the other).
@@ -93,6 +94,14 @@ class TokenPacking:
     def identity(self) -> dict[str, Any]:
         """What a checkpoint records: a resume must pack the same way."""
         return {k: v for k, v in asdict(self).items() if k not in ("cache_dir", "local_copy")}
+
+    def pad_error(self, table: str) -> ValueError:
+        """The error when ``pad_id`` is a token of a document of ``table``."""
+        return ValueError(
+            f"TokenPacking(pad_id={self.pad_id}) is a token of a document of table {table!r}:"
+            " padding would be indistinguishable from data; pass a pad_id that no"
+            " document uses (eos_id may equal it)"
+        )
 
     def check_column(self, schema: pa.Schema, table: str) -> None:
         """Raise ``ValueError`` naming ``column`` unless it is a list of integers."""
