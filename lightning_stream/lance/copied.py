@@ -34,7 +34,7 @@ from lightning_stream.packing.option import TokenPacking
 PLAN_BLOCKS = 1024
 
 
-def copied_batches(
+def copied_groups(
     blocks: ReaderBlocks,
     selection: Selection | None,
     local: LocalTokens,
@@ -43,9 +43,9 @@ def copied_batches(
     table: str,
     counters: ReadCounters,
     budget: int,
-) -> Iterator[tuple[dict[str, np.ndarray], int]]:
-    """The arrays of each batch of ``blocks`` (batches of the sizes in ``groups``, each
-    group built at once) and its tokens that are not padding."""
+) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+    """The arrays of each of ``groups`` (of batches) of ``blocks``, in order, and each
+    block's tokens that are not padding."""
     dtype = np.dtype(local.dtype)
     size = packing.block_size
     plan_blocks = max(1, min(PLAN_BLOCKS, budget // (size * dtype.itemsize)))
@@ -62,24 +62,20 @@ def copied_batches(
                 sources = offsets[rows]
                 cuts = cut_blocks(needs, total, size, sources, offsets[rows + 1] - sources)
                 del offsets  # its pages leave resident memory once the plan is cut
-                taken = int(cuts.pieces[:, 3].sum())
-                counters.add("resident_bytes", taken * dtype.itemsize - held)
-                held = taken * dtype.itemsize
                 counters.add("rows_read", len(rows) - int((needs.offsets > 0).sum()))
-                counters.add("bytes_loaded", held)
                 at = 0
                 for group in plan:
                     stop = at + sum(group)
-                    read = _read_pieces(tokens, cuts.pieces_of(at, stop), stop - at, size, dtype)
+                    pieces = cuts.pieces_of(at, stop)
+                    read = _read_pieces(tokens, pieces, stop - at, size, dtype)
+                    counters.add("bytes_loaded", int(pieces[:, 3].sum()) * dtype.itemsize)
+                    counters.add("resident_bytes", read.nbytes - held)
+                    held = read.nbytes
                     arrays, found = cuts.arrays(read, at, stop, packing)
                     if found:
                         raise packing.pad_error(table)
-                    first = 0
-                    for batch in group:
-                        real = int(cuts.real[at : at + batch].sum())
-                        yield {k: v[first : first + batch] for k, v in arrays.items()}, real
-                        first += batch
-                        at += batch
+                    yield arrays, cuts.real[at:stop]
+                    at = stop
                 planned += count
         finally:
             counters.add("resident_bytes", -held)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_stream.lance.copied import copied_batches
+from lightning_stream.lance.copied import copied_groups
 from lightning_stream.lance.documents import Documents, token_window, with_ends
 from lightning_stream.lance.order import storage_offsets
 from lightning_stream.lance.reader import BudgetedReader, TableOpener
@@ -167,7 +167,8 @@ class PackJob:
     """One reader's blocks of one epoch, cut into batches of ``sizes`` blocks; ``make``
     turns a batch's arrays into its payload in the reader (``None``: the arrays). The
     documents are read from the table, each once, or the blocks are cut from ``local``
-    (a local copy of the column, :mod:`lightning_stream.lance.copied`)."""
+    (a local copy of the column, :mod:`lightning_stream.lance.copied`); either way a
+    group of batches at a time (``BUILT_TOKENS``), then handed over batch by batch."""
 
     rows: PackRows
     sizes: Sequence[int]
@@ -179,7 +180,7 @@ class PackJob:
     def payloads(self, reader: BudgetedReader) -> Iterator[Any]:
         groups = list(_grouped(self.sizes, max(1, BUILT_TOKENS // self.packing.block_size)))
         if self.local is not None:
-            batches = copied_batches(
+            made = copied_groups(
                 self.rows.blocks,
                 self.rows.selection,
                 self.local,
@@ -190,22 +191,26 @@ class PackJob:
                 reader.budget,
             )
         else:
-            batches = self._read_batches(reader, groups)
+            made = self._read_groups(reader, groups)
         size = self.packing.block_size
         try:
-            for batch, served in batches:
-                blocks = len(batch["input_ids"])
-                reader.counters.add("tokens", served)
-                reader.counters.add("padding_tokens", blocks * size - served)
-                yield batch if self.make is None else self.make(batch)
+            for sizes, (arrays, real) in zip(groups, made, strict=True):
+                at = 0
+                for blocks in sizes:
+                    served = int(real[at : at + blocks].sum())
+                    reader.counters.add("tokens", served)
+                    reader.counters.add("padding_tokens", blocks * size - served)
+                    batch = {name: array[at : at + blocks] for name, array in arrays.items()}
+                    yield batch if self.make is None else self.make(batch)
+                    at += blocks
         finally:
-            batches.close()
+            made.close()
 
-    def _read_batches(
+    def _read_groups(
         self, reader: BudgetedReader, groups: list[list[int]]
-    ) -> Iterator[tuple[dict[str, np.ndarray], int]]:
-        """Each batch's arrays, and its tokens that are not padding, from the documents
-        read from the table, each once."""
+    ) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+        """The arrays of each of ``groups`` (of batches), in order, and each block's
+        tokens that are not padding, from the documents read from the table, each once."""
         if len(self.sizes):  # the first window brings the first batch's rows in
             first = self.rows.blocks.needs(0, self.sizes[0]).rows.sum()
             reader.window_rows = max(reader.window_rows, int(first))
@@ -216,15 +221,7 @@ class PackJob:
                 blocks = self.rows.next_blocks(sum(sizes))
                 values, lengths = documents.take(int(blocks[:, 2].sum()))
                 tokens, ends = with_ends(values, lengths, self.packing, self.opener.name)
-                arrays = builder.batch(blocks, tokens, ends)
-                real = builder.lengths(blocks)
-                at = 0
-                for size in sizes:
-                    yield (
-                        {name: array[at : at + size] for name, array in arrays.items()},
-                        int(real[at : at + size].sum()),
-                    )
-                    at += size
+                yield builder.batch(blocks, tokens, ends), builder.lengths(blocks)
         finally:
             documents.close()
 
