@@ -6,10 +6,11 @@ each row starts: any row can be read at any time. So each block is cut on its ow
 the rows it holds (:func:`~lightning_stream.packing.blocks.cut_blocks`), one slice per run
 of consecutive storage rows, and nothing is carried from block to block: a row that
 crosses into its split's next block is sliced again there. A reader plans up to
-``PLAN_BLOCKS`` blocks at once (which rows, where in the copy) and reads them a group of
-batches at a time, each slice by one positional read into the group's buffer: no page
-of the tokens is mapped into the process (where each row starts is, anew for each plan),
-so nothing of the copy stays resident beyond the plan being read.
+``PLAN_BLOCKS`` blocks at once (which rows, where in the copy; fewer where their rows
+would not fit its budget) and reads them a group of batches at a time, each slice by one
+positional read into the group's buffer: no page of the tokens is mapped into the
+process (where each row starts is, anew for each plan), so nothing of the copy stays
+resident beyond the plan being read.
 """
 
 from __future__ import annotations
@@ -29,9 +30,12 @@ from lightning_stream.packing.blocks import cut_blocks
 from lightning_stream.packing.layout import ReaderBlocks
 from lightning_stream.packing.option import TokenPacking
 
-# Blocks a reader plans at once (fewer where its read-ahead budget holds fewer blocks'
-# tokens): the layout's cost per call is spread over this many.
-PLAN_BLOCKS = 1024
+# Blocks a reader plans at once: the layout's cost per call (the row starts of every
+# clump looked at) is spread over this many.
+PLAN_BLOCKS = 4096
+# Bytes a plan holds for each row it cuts (where it is, where it lands, its length): a
+# plan holds at most the reader's budget of them, at the epoch's rows per block.
+PLAN_ROW_BYTES = 128
 
 
 def copied_groups(
@@ -48,8 +52,10 @@ def copied_groups(
     block's tokens that are not padding."""
     dtype = np.dtype(local.dtype)
     size = packing.block_size
-    plan_blocks = max(1, min(PLAN_BLOCKS, budget // (size * dtype.itemsize)))
-    total = blocks.layout.total
+    layout = blocks.layout
+    row_blocks = max(1.0, layout.clumps.total / (layout.blocks * layout.num_splits))
+    plan_blocks = int(max(1, min(PLAN_BLOCKS, budget // (PLAN_ROW_BYTES * row_blocks))))
+    total = layout.total
     with open(local.tokens, "rb") as tokens, open(local.starts, "rb") as starts:
         _checked_sizes(tokens, starts, dtype, local)
         planned = held = 0
@@ -57,7 +63,7 @@ def copied_groups(
             for plan in _plans(groups, plan_blocks):
                 count = sum(sum(group) for group in plan)
                 needs = blocks.needs(planned, planned + count, carried=False)
-                rows = storage_offsets(selection, blocks.layout.selected(needs.laid))
+                rows = storage_offsets(selection, layout.selected(needs.laid))
                 offsets = _mapped(starts, np.dtype(np.int64))
                 sources = offsets[rows]
                 cuts = cut_blocks(needs, total, size, sources, offsets[rows + 1] - sources)
