@@ -95,17 +95,15 @@ def _read_pieces(
     page of the copy is mapped into this process."""
     read = np.empty((blocks, size + 1), dtype)
     view = memoryview(read).cast("B")
-    item = dtype.itemsize
-    for block, landed, source, length in pieces.tolist():
-        at = (block * (size + 1) + landed) * item
-        if (
-            os.preadv(file.fileno(), [view[at : at + length * item]], source * item)
-            != length * item
-        ):
+    item, fd = dtype.itemsize, file.fileno()
+    block, landed, source, length = pieces.T * item
+    starts = (block * (size + 1) + landed).tolist()
+    for at, count, offset in zip(starts, length.tolist(), source.tolist(), strict=True):
+        if os.preadv(fd, [view[at : at + count]], offset) != count:
             raise RuntimeError(
-                f"the local token copy {file.name} ended before token {source + length}: it"
-                " was cut short while it was read; delete it and start again (it is written"
-                " anew)"
+                f"the local token copy {file.name} ended before token"
+                f" {(offset + count) // item}: it was cut short while it was read; delete"
+                " it and start again (it is written anew)"
             )
     return read
 
