@@ -30,14 +30,17 @@ GPU does; default 0: none):
 - ``litdata-fields``: the same, with a collate that gives the batch ours has (labels,
   positions, segments and ``cu_seqlens`` found from the end-of-document tokens, by the
   array arithmetic ours uses, ``packed_fields``), in the workers where there are
-  some: what a LitData user adds to train as ours trains.
+  some: what a LitData user adds to train as ours trains;
+- ``lance-scan`` (0 workers only): the ceiling of any reader of the table through lance
+  in one process: a scan of the token column in storage order (lance's cheapest read,
+  on its own threads), the tokens counted, no shuffle, no blocks.
 
 Reported per worker count (0 and 2): tokens/s after the first batch (median and range)
-and ours over each LitData configuration paired by round (after the first batch, and over
-the next epoch in the same process); the first batch's wait; and ours' peak resident
-memory of the process tree (workers included) above what it held once every reader
-(the main process, or each worker) had handed out its first batch, against
-``read_ahead_bytes``.
+and ours over each LitData configuration paired by round (after the first batch, and
+over the next epoch in the same process); the first batch's wait; and ours' peak
+resident memory of the process tree (workers included) above what it held once every
+reader (the main process, or each worker) had handed out its first batch, against
+``read_ahead_bytes``. At 0 workers also the lance scan's tokens/s over LitData raw's.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ EOS_ID, PAD_ID = 2**31 - 1, 2**31 - 2
 READ_AHEAD_BYTES = 256 * 2**20  # LanceDataModule's default
 OURS = ("ours", "ours-local")
 LITDATA = ("litdata", "litdata-fields")
+CEILING = "lance-scan"  # at 0 workers only
 CHUNK_DOCUMENTS = 10_000  # documents per optimize input
 
 
@@ -85,7 +89,9 @@ def epoch(
     reader, workers = config.split(":")
     workers = int(workers)
     before = tree_rss_mb()
-    if reader in OURS:
+    if reader == CEILING:
+        loader = TokenScan(uri)
+    elif reader in OURS:
         from lightning_stream import LanceDataModule, TokenPacking
 
         packing = TokenPacking("tokens", block, EOS_ID, PAD_ID, cache, reader == "ours-local")
@@ -115,6 +121,23 @@ def epoch(
         "first_batch_mb": first_rss,
         "peak_above_first_mb": peak.peak - first_rss,
     }
+
+
+class TokenScan:
+    """Each pass: the token column of the table at ``uri`` scanned in storage order, a
+    tensor of each batch of rows' tokens."""
+
+    def __init__(self, uri: str) -> None:
+        import lancedb
+
+        self.table = lancedb.connect(uri).open_table("documents")
+
+    def __iter__(self):
+        import torch
+
+        for rows in self.table.search().select(["tokens"]).to_batches(8192):
+            values = rows.column(0).values.to_numpy(zero_copy_only=False)
+            yield torch.from_numpy(values)
 
 
 def same_fields(blocks: list) -> dict:
@@ -194,6 +217,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, metavar="PATH", help="also keep the figures there")
     args = parser.parse_args()
     configs = [f"{reader}:{w}" for w in (0, 2) for reader in OURS + LITDATA]
+    configs.insert(len(OURS + LITDATA), f"{CEILING}:0")
     runs: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         (uri, litdata_dir, cache), preparation = write_data(Path(tmp), args.documents)
@@ -235,6 +259,11 @@ def summary(runs: list[dict]) -> dict:
                 entry[reader][f"over_{theirs}_second_epoch"] = spread(
                     [a["second_epoch"] / b["second_epoch"] for a, b in paired]
                 )
+    scans = [(r[f"{CEILING}:0"], r["litdata:0"]) for r in runs]
+    figures["0 workers"][CEILING] = {
+        "tokens_per_s": spread([scan["after_first"] for scan, _ in scans]),
+        "over_litdata": spread([scan["after_first"] / raw["after_first"] for scan, raw in scans]),
+    }
     return figures
 
 
@@ -264,6 +293,12 @@ def report(figures: dict, preparation: dict) -> None:
                 ratios += f" {f['first_batch_s']:>14.2f}"
                 ratios += f" {f['peak_above_first_mb']:>10.0f} of {entry['read_ahead_mb']:.0f}"
             print(f"{name:<10} {reader:<11} {f['tokens_per_s']['median']:>12.0f} {ratios}")
+    ceiling = figures["0 workers"][CEILING]
+    print(
+        f"0 workers  {CEILING} (the table's ceiling through lance, no blocks)"
+        f" {ceiling['tokens_per_s']['median']:.0f} tokens/s, {shown(ceiling['over_litdata'])}"
+        " LitData raw"
+    )
 
 
 if __name__ == "__main__":

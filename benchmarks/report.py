@@ -463,6 +463,14 @@ what it held once every reader had handed out a batch, against `read_ahead_bytes
             f" counts and local copy {run['ours_scan_and_copy_s']:.1f} s."
         )
         rounds = f"Medians (range) of {run['rounds']} rounds" if run["rounds"] > 1 else "One round"
+        ceiling = run["figures"]["0 workers"].get("lance-scan")
+        if ceiling is not None:
+            prepared += (
+                " The table's ceiling through lance at 0 workers (its token column scanned in"
+                " storage order on lance's own threads, no shuffle, no blocks):"
+                f" {rate(ceiling['tokens_per_s']['median'])} tokens/s,"
+                f" {spread(ceiling['over_litdata'])} LitData raw."
+            )
         text += f"""
 {rounds}, {run["documents"]:,} documents, blocks of \
 {run["block_size"]:,}{step}, {measured(run)}. {prepared}

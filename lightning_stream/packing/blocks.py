@@ -8,7 +8,8 @@ Blocks are made in one of two ways, as the documents come:
   rest of one document, never more), and opens the split's next block with it;
 - from a flat array that can be read anywhere (the local copy of the token column):
   :func:`cut_blocks` finds each block's tokens there on its own, as one slice per run of
-  documents that lie one after another, and :meth:`BlockCuts.arrays` copies them out.
+  documents that lie one after another; once the reader has read the slices where they
+  land, :meth:`BlockCuts.arrays` makes the batch from them.
 
 Either way a block is a few slices, and the arrays of a batch (labels, positions,
 segments) are computed for the whole batch at once from where its segments start
