@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from lightning_stream.batching import runs_of
 from lightning_stream.lance.order import storage_offsets
 from lightning_stream.lance.reader import ReadCounters
 from lightning_stream.lance.selection import Selection
@@ -60,7 +61,8 @@ def copied_groups(
         _checked_sizes(tokens, starts, dtype, local)
         planned = held = 0
         try:
-            for plan in _plans(groups, plan_blocks):
+            for run in runs_of([sum(group) for group in groups], plan_blocks):
+                plan = groups[run.start : run.stop]
                 count = sum(sum(group) for group in plan)
                 needs = blocks.needs(planned, planned + count, carried=False)
                 rows = storage_offsets(selection, layout.selected(needs.laid))
@@ -106,20 +108,6 @@ def _read_pieces(
                 " it and start again (it is written anew)"
             )
     return read
-
-
-def _plans(groups: Sequence[Sequence[int]], blocks: int) -> Iterator[list[Sequence[int]]]:
-    """``groups`` in runs of about ``blocks`` blocks (at least one group each)."""
-    plan: list[Sequence[int]] = []
-    planned = 0
-    for group in groups:
-        if plan and planned + sum(group) > blocks:
-            yield plan
-            plan, planned = [], 0
-        plan.append(group)
-        planned += sum(group)
-    if plan:
-        yield plan
 
 
 def _mapped(file: Any, dtype: np.dtype) -> np.ndarray:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from lightning_stream.batching import runs_of
 from lightning_stream.lance.copied import copied_groups
 from lightning_stream.lance.documents import Documents, token_window, with_ends
 from lightning_stream.lance.order import storage_offsets
@@ -182,7 +183,8 @@ class PackJob:
     local: LocalTokens | None = None
 
     def payloads(self, reader: BudgetedReader) -> Iterator[Any]:
-        groups = list(_grouped(self.sizes, max(1, BUILT_TOKENS // self.packing.block_size)))
+        at_once = max(1, BUILT_TOKENS // self.packing.block_size)
+        groups = [[self.sizes[i] for i in run] for run in runs_of(self.sizes, at_once)]
         if self.local is not None:
             made = copied_groups(
                 self.rows.blocks,
@@ -228,16 +230,3 @@ class PackJob:
                 yield builder.batch(blocks, tokens, ends), builder.lengths(blocks)
         finally:
             documents.close()
-
-
-def _grouped(sizes: Sequence[int], blocks: int) -> Iterator[list[int]]:
-    """``sizes`` in runs of consecutive batches of about ``blocks`` blocks (at least one
-    batch each)."""
-    group: list[int] = []
-    for size in sizes:
-        if group and sum(group) + size > blocks:
-            yield group
-            group = []
-        group.append(size)
-    if group:
-        yield group

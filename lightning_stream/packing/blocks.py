@@ -28,20 +28,27 @@ from lightning_stream.packing.option import IGNORE_INDEX, TokenPacking
 
 
 def packed_fields(
-    input_ids: np.ndarray, starts: np.ndarray, lengths: np.ndarray, follows: np.ndarray
+    input_ids: np.ndarray, opens: np.ndarray, lengths: np.ndarray, follows: np.ndarray
 ) -> dict[str, np.ndarray]:
     """A batch's arrays (see :class:`~lightning_stream.packing.option.TokenPacking`).
 
     Args:
         input_ids: ``[B, block_size]`` int64, each block's tokens then padding.
-        starts: where the batch's segments start, ascending, as positions in the
-            flattened ``input_ids``: every block's position 0, every document's first
-            token, and where a block's padding starts.
+        opens: where documents open inside the blocks, as positions in the flattened
+            ``input_ids``, in any order, repeats allowed (an empty document opens where
+            the next one does); every block's position 0, and where its padding starts,
+            open a segment too.
         lengths: ``[B]`` tokens of each block that are not padding.
         follows: ``[B]`` the token after each block's last position in its document,
             ``IGNORE_INDEX`` where it has none.
     """
     count, size = input_ids.shape
+    padded = np.flatnonzero(lengths < size)
+    starts = np.concatenate(
+        [np.arange(0, count * size, size), opens, padded * size + lengths[padded]]
+    )
+    starts.sort()
+    starts = starts[np.append(True, starts[1:] != starts[:-1])]
     seqlens = np.empty_like(starts)
     np.subtract(starts[1:], starts[:-1], out=seqlens[:-1])
     seqlens[-1] = count * size - starts[-1]
@@ -59,7 +66,7 @@ def packed_fields(
     labels[:, -1] = follows
     # a position before a segment's start has no next token in its document
     labels.ravel()[starts[columns > 0] - 1] = IGNORE_INDEX
-    for row in np.flatnonzero(lengths < size).tolist():
+    for row in padded.tolist():
         labels[row, lengths[row] :] = IGNORE_INDEX
     cu_seqlens = np.full((count, size + 1), size, dtype=np.int32)
     cu_seqlens[rows, rank] = columns
@@ -104,8 +111,8 @@ class BlockBuilder:
         size = self.packing.block_size
         count = len(blocks)
         input_ids = np.empty((count, size), dtype=np.int64)
-        # where segments start other than at a block's first position and at a brought-in
-        # document's first token: after a carried document, and where padding starts
+        # where documents open other than at a brought-in document's first token: after
+        # a carried document
         starts: list[int] = []
         lengths = self.lengths(blocks)
         follows = np.full(count, IGNORE_INDEX, dtype=np.int64)
@@ -150,22 +157,12 @@ class BlockBuilder:
                 follows[row] = rest[0]
             if real < size:
                 input_ids[row, real:] = self.packing.pad_id
-                starts.append(row * size + real)
         # a document that ends inside its block opens the next segment after its end
         owner = np.repeat(np.arange(count), blocks[:, 2])
         inside = ends + np.asarray(shift, dtype=np.int64)[owner]
         keep = (inside > 0) & (inside < lengths[owner])
-        segments = np.concatenate(
-            [
-                np.arange(0, count * size, size),
-                owner[keep] * size + inside[keep],
-                np.asarray(starts, dtype=np.int64),
-            ]
-        )
-        segments.sort()
-        # an empty document ends where the one before it does: one segment start
-        distinct = np.append(True, segments[1:] != segments[:-1])
-        return packed_fields(input_ids, segments[distinct], lengths, follows)
+        opens = np.append(owner[keep] * size + inside[keep], np.asarray(starts, np.int64))
+        return packed_fields(input_ids, opens, lengths, follows)
 
     def lengths(self, blocks: np.ndarray) -> np.ndarray:
         """The tokens of each of ``blocks`` (as :meth:`batch` takes them) that are not
@@ -215,25 +212,15 @@ class BlockCuts:
         count = stop - start
         input_ids = read[:, :size].astype(np.int64)
         real = self.real[start:stop]
-        padded = np.flatnonzero(real < size)
-        for row in padded.tolist():
+        for row in np.flatnonzero(real < size).tolist():
             input_ids[row, real[row] :] = pad_id
         found = int(np.count_nonzero(input_ids == pad_id)) - (count * size - int(real.sum()))
         if packing.eos_id == pad_id:
             found -= int(self.ended[start:stop].sum())
         low, high = np.searchsorted(self.opens, [start * size, stop * size])
-        starts = np.concatenate(
-            [
-                np.arange(0, count * size, size),
-                self.opens[low:high] - start * size,
-                padded * size + real[padded],
-            ]
-        )
-        starts.sort()
-        # a block with no tokens opens its padding at its first position
-        distinct = np.append(True, starts[1:] != starts[:-1])
+        opens = self.opens[low:high] - start * size
         follows = np.where(self.goes_on[start:stop], read[:, size], IGNORE_INDEX)
-        return packed_fields(input_ids, starts[distinct], real, follows), found
+        return packed_fields(input_ids, opens, real, follows), found
 
 
 def cut_blocks(
