@@ -19,11 +19,13 @@ interleaved, ``--rounds`` rounds; ``--step-ms`` follows every batch with a wait 
 ms in the consumer (a training step that leaves the cores to the readers, as a step on a
 GPU does; default 0: none):
 
-- ``ours``: ``LanceDataModule(pack=TokenPacking(block_size, eos_id, pad_id))`` at its
-  defaults otherwise (32 splits): batches of ``input_ids``, ``labels``, ``position_ids``,
-  ``document_ids``, ``cu_seqlens`` and ``max_seqlen``, the documents read from the table;
-- ``ours-local``: the same with ``local_copy=True``: each block cut from the local copy
-  of the token column by positional reads;
+- ``ours``: ``LanceDataModule(pack=TokenPacking(block_size, eos_id, pad_id,
+  local_copy=False))`` at its defaults otherwise (32 splits): batches of ``input_ids``,
+  ``labels``, ``position_ids``, ``document_ids``, ``cu_seqlens`` and ``max_seqlen``, the
+  documents read from the table (what a machine whose disk cannot hold the column reads);
+- ``ours-local``: the same with ``local_copy=True``, what the default (``None``) does
+  where the copy fits in half the free disk: each block cut from the local copy of the
+  token column by positional reads;
 - ``litdata``: ``StreamingDataset(item_loader=TokensLoader(block_size), shuffle=True)``
   through ``StreamingDataLoader``: batches of ``input_ids`` only (blocks cut from the
   concatenated tokens; labels, positions and document boundaries are left to the user);

@@ -417,7 +417,8 @@ in each of the three forms, does not all stay in this machine's page cache), and
 training step after each batch):
 `LanceDataModule(pack=TokenPacking(...))` (32 splits; batches of `input_ids`, `labels`,
 `position_ids`, `document_ids`, `cu_seqlens`, `max_seqlen`), reading the documents from
-the table or, with `local_copy=True`, from a local copy of the token column, against
+the table (`local_copy=False`) or from a local copy of the token column (`True`, what the
+default does where the copy fits in half the free disk), against
 `StreamingDataset(item_loader=TokensLoader(2048))`, raw (`input_ids` only) and with a
 collate that derives the same fields from the end-of-document tokens (with the array
 arithmetic ours uses), which is what a LitData user adds to train as ours trains. Ratios
@@ -480,7 +481,7 @@ what it held once every reader had handed out a batch, against `read_ahead_bytes
     return text
 
 
-PACKING_OURS = {"ours": "the table", "ours-local": "its local copy"}
+PACKING_OURS = {"ours": "the table", "ours-local": "its local copy (default)"}
 PACKING_LITDATA = ("litdata", "litdata-fields")
 
 

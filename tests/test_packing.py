@@ -359,6 +359,11 @@ def test_block_size_below_one_is_refused():
         TokenPacking("tokens", 0)
 
 
+def test_a_local_copy_that_is_not_a_choice_is_refused():
+    with pytest.raises(ValueError, match=r"TokenPacking\(local_copy='yes'\).*True.*False.*None"):
+        TokenPacking("tokens", 64, local_copy="yes")
+
+
 def test_a_column_that_is_not_a_list_of_integers_is_named(small_token_uri, tmp_path):
     packing = TokenPacking("id", 64, cache_dir=str(tmp_path))
     dm = LanceDataModule(small_token_uri, "documents", num_splits=4, batch_size=2, pack=packing)
@@ -426,6 +431,46 @@ def test_validation_blocks_hold_every_selected_token_once_over_the_ranks(
     assert (tokens == EOS).sum() == chosen.sum()
     expected = every_token(np.where(chosen, lengths, 0))
     assert np.array_equal(np.sort(tokens[tokens != EOS]), expected)
+
+
+def test_the_default_copies_the_column_where_it_fits_and_reads_the_table_where_not(
+    small_token_uri, tmp_path, monkeypatch, caplog
+):
+    """``local_copy=None``: a copy where half the free disk holds it; elsewhere a warning,
+    no copy left behind, a mark so no process of the machine tries again, and the same
+    blocks read from the table."""
+    from lightning_stream.lance import token_cache
+
+    def epoch(cache_dir, local_copy=None):
+        packing = TokenPacking("tokens", 64, EOS, PAD, str(cache_dir), local_copy)
+        dm = LanceDataModule(small_token_uri, "documents", num_splits=4, batch_size=2, pack=packing)
+        dm.setup("fit")
+        try:
+            return [batch["input_ids"] for batch in dm.train_dataloader()]
+        finally:
+            dm.teardown("fit")
+
+    def files(cache_dir):
+        return sorted(path.suffix for path in cache_dir.iterdir() if path.suffix != ".lock")
+
+    roomy = epoch(tmp_path / "roomy")
+    assert files(tmp_path / "roomy") == [".npy", ".starts", ".tokens"]
+    monkeypatch.setattr(token_cache, "COPY_SHARE_OF_FREE_DISK", 1e-12)
+    with caplog.at_level("INFO", logger=token_cache.__name__):
+        cramped = epoch(tmp_path / "cramped")  # found out during the scan
+        again = epoch(tmp_path / "cramped")
+    assert caplog.text.count("counting the tokens") == 1, "the mark spares a second scan"
+    assert "local copy of the token column would take" in caplog.text
+    assert files(tmp_path / "cramped") == [".declined", ".npy"]
+    caplog.clear()
+    with caplog.at_level("INFO", logger=token_cache.__name__):
+        epoch(tmp_path / "counted", local_copy=False)
+        counted = epoch(tmp_path / "counted")  # found out from the counts, no scan
+    assert caplog.text.count("counting the tokens") == 1
+    assert files(tmp_path / "counted") == [".declined", ".npy"]
+    assert len(roomy) == len(cramped) == len(again) == len(counted)
+    for read in (cramped, again, counted):
+        assert all(map(torch.equal, roomy, read)), "the same blocks, copied or not"
 
 
 def test_a_local_copy_cut_short_is_named_with_what_to_do(small_token_uri, tmp_path):

@@ -53,16 +53,18 @@ class TokenPacking:
         cache_dir: where the token count of every row is kept, counted once per table
             version by a scan of ``column`` (one process per machine scans, the others
             wait); default ``None``: ``$XDG_CACHE_HOME/lightning-stream/token-lengths``.
-        local_copy: also keep a copy of the token column there, written by that same
-            scan (the token ids at their stored width, each document followed by
-            ``eos_id``, and 8 bytes a row; one copy per table version and ``eos_id``),
-            and cut the blocks from it (a positional read per run of consecutive
-            rows) instead of reading the documents through lance, whose reads cost CPU
-            per row: with short documents that, not the bytes, bounds the tokens a
-            second. Default ``False``: the
-            documents are read from the table, which may be larger than this machine's
-            disk. The blocks, and so the resume, are the same either way (a run may
-            resume with the other).
+        local_copy: where the readers take the documents from. ``True``: from a copy of
+            the token column on local disk in ``cache_dir``, written by that same scan
+            (the token ids at their stored width, each document followed by ``eos_id``,
+            and 8 bytes a row; one copy per table version and ``eos_id``, per machine),
+            each block cut from it by a positional read per run of consecutive rows.
+            ``False``: through lance, from the table, which may be larger than this
+            machine's disk; lance's reads cost CPU per row, so with short documents that,
+            not the bytes, bounds the tokens a second. Default ``None``: the copy where it
+            takes at most half of the free space of ``cache_dir`` (decided per machine,
+            once per table version, and logged as a warning where it does not fit), the
+            table elsewhere. The blocks, and so the resume, are the same either way (a run
+            may resume with the other, and machines of one job may differ).
     """
 
     column: str
@@ -70,7 +72,7 @@ class TokenPacking:
     eos_id: int | None = None
     pad_id: int = 0
     cache_dir: str | None = None
-    local_copy: bool = False
+    local_copy: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -82,6 +84,11 @@ class TokenPacking:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ValueError(f"TokenPacking({name}={value!r}): pass a token id, 0 or more")
+        if self.local_copy not in (True, False, None):
+            raise ValueError(
+                f"TokenPacking(local_copy={self.local_copy!r}): pass True (always copy), False"
+                " (read the table) or None (copy where it fits)"
+            )
         if not isinstance(self.column, str) or not self.column:
             raise ValueError(f"TokenPacking(column={self.column!r}): pass the token column's name")
 
