@@ -76,7 +76,9 @@ def token_files(
             room = None
             if packing.local_copy is None:
                 room = int(shutil.disk_usage(cache_dir).free * COPY_SHARE_OF_FREE_DISK)
-                needed = _copy_bytes(np.load(lengths), local) if lengths.exists() else 0
+                needed = (
+                    _copy_bytes(np.load(lengths, mmap_mode="r"), local) if lengths.exists() else 0
+                )
                 if needed > room:  # known from the counts: no scan to find it out
                     _decline(local, needed, room, cache_dir)
             if _cached(lengths, local, packing):
