@@ -52,10 +52,11 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from fresh import hand_back, run_fresh
-from measure import PeakRss, rates, shown, spread, tree_rss_mb
+from measure import PeakRss, cores_for_store, rates, shown, spread, tree_rss_mb
 from record import save
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +67,7 @@ OURS = ("ours", "ours-local")
 LITDATA = ("litdata", "litdata-fields")
 CEILING = "lance-scan"  # at 0 workers only
 CHUNK_DOCUMENTS = 10_000  # documents per optimize input
+S3_TABLE, S3_LITDATA = "s3://bench/db", "s3://bench/litdata"  # with --s3
 
 
 def documents(spec: tuple[str, int, int]):
@@ -83,29 +85,51 @@ def documents(spec: tuple[str, int, int]):
 
 
 def epoch(
-    config: str, uri: str, litdata_dir: str, cache: str, batch: int, block: int, step_ms: float
+    config: str,
+    uri: str,
+    litdata_dir: str,
+    cache: str,
+    batch: int,
+    block: int,
+    step_ms: float,
+    endpoint: str | None = None,
 ) -> dict:
     """Two epochs of ``reader:workers`` in this (fresh) process, each batch followed by a
-    wait of ``step_ms``."""
+    wait of ``step_ms``. With an S3 ``endpoint``, both datasets are read from its bucket
+    ``bench``, each with a cache directory of its own made afresh (a machine that has
+    read nothing of them yet)."""
     sys.path.insert(0, str(ROOT))
     reader, workers = config.split(":")
     workers = int(workers)
     before = tree_rss_mb()
+    fresh = tempfile.TemporaryDirectory() if endpoint else None
+    import torch  # noqa: F401  (a training process has it: its import is not timed)
+
+    if reader in OURS:
+        from lightning_stream import LanceDataModule, TokenPacking
+    elif reader in LITDATA:
+        from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
+    built = time.perf_counter()
     if reader == CEILING:
         loader = TokenScan(uri)
     elif reader in OURS:
-        from lightning_stream import LanceDataModule, TokenPacking
+        options = None
+        if endpoint:
+            from tests.s3_server import storage_options
 
+            uri, cache, options = S3_TABLE, fresh.name, storage_options(endpoint)
         packing = TokenPacking("tokens", block, EOS_ID, PAD_ID, cache, reader == "ours-local")
         shape = {"num_splits": NUM_SPLITS, "batch_size": batch, "num_workers": workers}
-        dm = LanceDataModule(uri, "documents", **shape, pack=packing)
+        dm = LanceDataModule(uri, "documents", **shape, pack=packing, storage_options=options)
         dm.setup("fit")
         loader = dm.train_dataloader()
     else:
-        from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
-
+        remote = {}
+        if endpoint:
+            litdata_dir = S3_LITDATA
+            remote = {"storage_options": litdata_options(endpoint), "cache_dir": fresh.name}
         dataset = StreamingDataset(
-            litdata_dir, item_loader=TokensLoader(block_size=block), shuffle=True, seed=0
+            litdata_dir, item_loader=TokensLoader(block_size=block), shuffle=True, seed=0, **remote
         )
         collate = {"collate_fn": same_fields} if reader == "litdata-fields" else {}
         loader = StreamingDataLoader(dataset, batch_size=batch, num_workers=workers, **collate)
@@ -114,10 +138,15 @@ def epoch(
     again_start, again, _ = one_pass(loader, max(1, workers), step_ms)
     if reader in OURS:
         dm.teardown("fit")
+    if fresh:
+        fresh.cleanup()
+    tokens = sum(n for _, n in stamps)
     return {
         **rates(start, stamps),
+        "setup_s": start - built,
+        "from_setup": tokens / (stamps[-1][0] - built),
         "first_batch_s": stamps[0][0] - start,
-        "tokens": sum(n for _, n in stamps),
+        "tokens": tokens,
         "second_epoch": rates(again_start, again)["after_first"],
         "start_mb": before,
         "first_batch_mb": first_rss,
@@ -140,6 +169,25 @@ class TokenScan:
         for rows in self.table.search().select(["tokens"]).to_batches(8192):
             values = rows.column(0).values.to_numpy(zero_copy_only=False)
             yield torch.from_numpy(values)
+
+
+def litdata_options(endpoint: str) -> dict:
+    """LitData's options for the test S3 server at ``endpoint`` (boto3's client arguments).
+
+    LitData fetches chunks with obstore, whose client refuses a plain-HTTP endpoint
+    unless told otherwise, and LitData sets that client's options itself: the test server
+    speaks HTTP, a real store HTTPS, so allowing HTTP changes nothing else of its reads."""
+    import litdata.streaming.downloader as downloader
+
+    from tests.s3_server import ACCESS_KEY, REGION, SECRET_KEY
+
+    downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True
+    return {
+        "endpoint_url": endpoint,
+        "aws_access_key_id": ACCESS_KEY,
+        "aws_secret_access_key": SECRET_KEY,
+        "region_name": REGION,
+    }
 
 
 def same_fields(blocks: list) -> dict:
@@ -216,18 +264,36 @@ def main() -> None:
         "--step-ms", type=float, default=0.0, help="wait after each batch (a training step)"
     )
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--s3", action="store_true", help="read both datasets from an S3 server, cold caches"
+    )
+    parser.add_argument(
+        "--latency-ms", type=float, default=20.0, help="--s3: wait of each request (0: none)"
+    )
+    parser.add_argument(
+        "--store-cores",
+        type=int,
+        default=0,
+        help="--s3: cores the S3 server runs on alone, readers on the rest (default 0: shared)",
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also keep the figures there")
     args = parser.parse_args()
     configs = [f"{reader}:{w}" for w in (0, 2) for reader in OURS + LITDATA]
-    configs.insert(len(OURS + LITDATA), f"{CEILING}:0")
+    if not args.s3:
+        configs.insert(len(OURS + LITDATA), f"{CEILING}:0")
     runs: list[dict] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as serving:
+        store_cpus = cores_for_store(args.store_cores) if args.s3 else None
         (uri, litdata_dir, cache), preparation = write_data(Path(tmp), args.documents)
+        endpoint = "-"
+        if args.s3:
+            endpoint = serving.enter_context(s3_copy(Path(tmp), args.latency_ms, store_cpus))
         for round_ in range(args.rounds):
             runs.append({})
             for config in configs:
                 arguments = [__file__, "--one", config, uri, litdata_dir, cache]
                 arguments += [str(args.batch_size), str(args.block_size), str(args.step_ms)]
+                arguments.append(endpoint)
                 runs[-1][config] = run_fresh(arguments, f"round {round_} {config}")
     figures = summary(runs)
     report(figures, preparation)
@@ -235,7 +301,25 @@ def main() -> None:
         result = {"documents": args.documents, "block_size": args.block_size, **preparation}
         result |= {"batch_size": args.batch_size, "rounds": args.rounds, "step_ms": args.step_ms}
         name = f"{args.documents:,} documents, block {args.block_size}, step {args.step_ms:g} ms"
+        if args.s3:
+            result |= {"s3_latency_ms": args.latency_ms, "store_cores": args.store_cores}
+            name += f", S3 (latency {args.latency_ms:g} ms, store cores {args.store_cores})"
         save(args.json, name, {**result, "runs": runs, "figures": figures})
+
+
+@contextmanager
+def s3_copy(tmp: Path, latency_ms: float, cpus: set[int] | None):
+    """The table and LitData's dataset of ``tmp`` uploaded to a bucket ``bench`` of the
+    test S3 server (``tests/s3_server.py``: moto, every request answered after
+    ``latency_ms``, on ``cpus``); yields its endpoint while it serves."""
+    sys.path.insert(0, str(ROOT))
+    from tests.s3_server import S3Server
+
+    with S3Server(tmp / "moto.log", latency_ms=latency_ms, cpus=cpus) as server:
+        server.create_bucket("bench")
+        server.upload(tmp / "db", S3_TABLE)
+        server.upload(tmp / "litdata", S3_LITDATA)
+        yield server.endpoint
 
 
 def summary(runs: list[dict]) -> dict:
@@ -261,6 +345,11 @@ def summary(runs: list[dict]) -> dict:
                 entry[reader][f"over_{theirs}_second_epoch"] = spread(
                     [a["second_epoch"] / b["second_epoch"] for a, b in paired]
                 )
+                entry[reader][f"over_{theirs}_from_setup"] = spread(
+                    [a["from_setup"] / b["from_setup"] for a, b in paired]
+                )
+    if f"{CEILING}:0" not in runs[0]:
+        return figures
     scans = [(r[f"{CEILING}:0"], r["litdata:0"]) for r in runs]
     figures["0 workers"][CEILING] = {
         "tokens_per_s": spread([scan["after_first"] for scan, _ in scans]),
@@ -276,7 +365,8 @@ def report(figures: dict, preparation: dict) -> None:
     )
     print(
         f"{'workers':<10} {'reader':<11} {'tokens/s':>12} {'/ LitData':>18} {'epoch 2':>18}"
-        f" {'/ +fields':>18} {'epoch 2':>18} {'first batch s':>14} {'peak above first MB':>20}"
+        f" {'from setup':>18} {'/ +fields':>18} {'epoch 2':>18} {'first batch s':>14}"
+        f" {'peak above first MB':>20}"
     )
     for name, entry in figures.items():
         for reader in OURS + LITDATA:
@@ -288,6 +378,7 @@ def report(figures: dict, preparation: dict) -> None:
                     for key in (
                         "over_litdata",
                         "over_litdata_second_epoch",
+                        "over_litdata_from_setup",
                         "over_litdata-fields",
                         "over_litdata-fields_second_epoch",
                     )
@@ -295,7 +386,9 @@ def report(figures: dict, preparation: dict) -> None:
                 ratios += f" {f['first_batch_s']:>14.2f}"
                 ratios += f" {f['peak_above_first_mb']:>10.0f} of {entry['read_ahead_mb']:.0f}"
             print(f"{name:<10} {reader:<11} {f['tokens_per_s']['median']:>12.0f} {ratios}")
-    ceiling = figures["0 workers"][CEILING]
+    ceiling = figures["0 workers"].get(CEILING)
+    if ceiling is None:
+        return
     print(
         f"0 workers  {CEILING} (the table's ceiling through lance, no blocks)"
         f" {ceiling['tokens_per_s']['median']:.0f} tokens/s, {shown(ceiling['over_litdata'])}"
@@ -305,7 +398,9 @@ def report(figures: dict, preparation: dict) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--one"]:
-        config, uri, litdata_dir, cache, batch, block, step_ms = sys.argv[2:9]
-        hand_back(epoch(config, uri, litdata_dir, cache, int(batch), int(block), float(step_ms)))
+        config, uri, litdata_dir, cache, batch, block, step_ms, endpoint = sys.argv[2:10]
+        endpoint = None if endpoint == "-" else endpoint
+        shape = (int(batch), int(block), float(step_ms))
+        hand_back(epoch(config, uri, litdata_dir, cache, *shape, endpoint))
     else:
         main()

@@ -7,7 +7,7 @@ shapes its rows into the number of steps every rank takes after an elastic resum
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -37,19 +37,6 @@ def check_columnar(batch: Any, rows: int, where: str) -> None:
                 " every column must keep one entry per sample along dim 0, so that batches"
                 " can be cut at sample boundaries on resume"
             )
-
-
-def runs_of(sizes: Sequence[int], limit: int) -> Iterator[range]:
-    """The indices of ``sizes`` in runs of consecutive ones that add up to at most
-    ``limit`` (a run of one where one alone is more)."""
-    first, total = 0, 0
-    for index, size in enumerate(sizes):
-        if index > first and total + size > limit:
-            yield range(first, index)
-            first, total = index, 0
-        total += size
-    if first < len(sizes):
-        yield range(first, len(sizes))
 
 
 def _slice(batch: Batch, start: int, stop: int) -> Batch:

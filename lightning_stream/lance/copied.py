@@ -22,13 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from lightning_stream.batching import runs_of
 from lightning_stream.lance.order import storage_offsets
 from lightning_stream.lance.reader import ReadCounters
 from lightning_stream.lance.selection import Selection
 from lightning_stream.lance.token_cache import LocalTokens
 from lightning_stream.packing.blocks import cut_blocks
-from lightning_stream.packing.layout import ReaderBlocks
+from lightning_stream.packing.layout import ReaderBlocks, runs_of
 from lightning_stream.packing.option import TokenPacking
 
 # Blocks a reader plans at once: the layout's cost per call (the row starts of every

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from lightning_stream.batching import runs_of
 from lightning_stream.lance.copied import copied_groups
 from lightning_stream.lance.documents import Documents, token_window, with_ends
 from lightning_stream.lance.order import storage_offsets
@@ -27,7 +26,7 @@ from lightning_stream.lance.reader import BudgetedReader, TableOpener
 from lightning_stream.lance.selection import Selection
 from lightning_stream.lance.token_cache import LocalTokens
 from lightning_stream.packing.blocks import BlockBuilder
-from lightning_stream.packing.layout import ReaderBlocks, TokenLayout
+from lightning_stream.packing.layout import ReaderBlocks, TokenLayout, runs_of
 from lightning_stream.packing.option import TokenPacking
 from lightning_stream.placement import ClumpLayout, epoch_permutation
 

@@ -17,7 +17,7 @@ row starts of the few clumps looked at last; never anything per row of the table
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -180,3 +180,16 @@ class ReaderBlocks:
         rows = end - begin
         within = np.arange(rows.sum()) - np.repeat(np.cumsum(rows) - rows, rows)
         return BlockNeeds(splits, starts, rows, offsets, np.repeat(begin, rows) + within)
+
+
+def runs_of(sizes: Sequence[int], limit: int) -> Iterator[range]:
+    """The indices of ``sizes`` in runs of consecutive ones that add up to at most
+    ``limit`` (a run of one where one alone is more)."""
+    first, total = 0, 0
+    for index, size in enumerate(sizes):
+        if index > first and total + size > limit:
+            yield range(first, index)
+            first, total = index, 0
+        total += size
+    if first < len(sizes):
+        yield range(first, len(sizes))
