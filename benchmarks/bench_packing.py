@@ -2,6 +2,7 @@
 
     python benchmarks/bench_packing.py [--documents 200000] [--block-size 2048]
         [--batch-size 16] [--step-ms 0] [--rounds 3]
+        [--s3 [--latency-ms 20] [--store-cores 0]]
         [--json benchmarks/results/bench_packing.json]
 
 LitData is an optional benchmark dependency, installed as for ``bench_litdata.py``:
@@ -37,9 +38,19 @@ GPU does; default 0: none):
   in one process: a scan of the token column in storage order (lance's cheapest read,
   on its own threads), the tokens counted, no shuffle, no blocks.
 
+``--s3`` uploads the table and LitData's dataset, as written, to a bucket of the test S3
+server (``tests/s3_server.py``: moto on 127.0.0.1, every request answered after
+``--latency-ms``; ``--store-cores N`` keeps it on the host's last N cores and the readers
+on the others) and reads them from there, each process with a cache directory of its own
+made afresh: a machine that has read nothing yet. So our setup counts (and copies) the
+token column from the store, and LitData downloads its chunks as it reads them; the
+table's ceiling is not run.
+
 Reported per worker count (0 and 2): tokens/s after the first batch (median and range)
-and ours over each LitData configuration paired by round (after the first batch, and
-over the next epoch in the same process); the first batch's wait; and ours' peak
+and ours over each LitData configuration paired by round (after the first batch, over
+the next epoch in the same process, and from setup: the first epoch's tokens over the
+time from the loader's construction, our ``setup`` included, to its last batch, which
+with ``--s3`` is a cold start's); the first batch's wait; and ours' peak
 resident memory of the process tree (workers included) above what it held once every
 reader (the main process, or each worker) had handed out its first batch, against
 ``read_ahead_bytes``. At 0 workers also the lance scan's tokens/s over LitData raw's.

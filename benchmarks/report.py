@@ -433,6 +433,7 @@ what it held once every reader had handed out a batch, against `read_ahead_bytes
         "ours reading",
         "/ LitData raw",
         "next epoch",
+        "from setup",
         "/ LitData + fields",
         "next epoch",
         "tokens/s: ours, raw, + fields",
@@ -451,6 +452,9 @@ what it held once every reader had handed out a batch, against `read_ahead_bytes
                         label,
                         spread(f["over_litdata"]),
                         spread(f["over_litdata_second_epoch"]),
+                        spread(f["over_litdata_from_setup"])
+                        if "over_litdata_from_setup" in f
+                        else "",
                         spread(f["over_litdata-fields"]),
                         spread(f["over_litdata-fields_second_epoch"]),
                         ", ".join([rate(f["tokens_per_s"]["median"]), *theirs]),
@@ -459,6 +463,11 @@ what it held once every reader had handed out a batch, against `read_ahead_bytes
                     ]
                 )
         step = f", a {run['step_ms']:g} ms step after each batch" if run.get("step_ms") else ""
+        if "s3_latency_ms" in run:
+            step += (
+                f", both read from the test S3 server (latency {run['s3_latency_ms']:g} ms,"
+                f" store cores {run['store_cores']}) with cold caches"
+            )
         prepared = (
             f"Prepared once: LitData's `optimize` {run['litdata_optimize_s']:.1f} s; our token"
             f" counts and local copy {run['ours_scan_and_copy_s']:.1f} s."
