@@ -473,29 +473,38 @@ def test_the_default_copies_the_column_where_it_fits_and_reads_the_table_where_n
         assert all(map(torch.equal, roomy, read)), "the same blocks, copied or not"
 
 
-def test_a_packing_worker_imports_neither_torch_nor_lightning(small_token_uri, tmp_path):
-    """What a worker unpickles (its task, then a packed job) imports what it reads with,
-    no more: torch alone took 0.8 s in each worker before its first block."""
+@pytest.mark.parametrize(("local_copy", "imported"), [(False, ["lancedb"]), (True, [])])
+def test_a_packing_worker_imports_what_it_reads_with_only(
+    small_token_uri, tmp_path, local_copy, imported
+):
+    """What a worker imports (its task's pickle and imports, then a packed job) holds
+    neither torch nor lightning (torch alone took 0.8 s in each worker before its first
+    block), nor lancedb (0.7 s) where the blocks are cut from a local copy."""
     import pickle
     import subprocess
     import sys
 
     from lightning_stream.workers.checks import pickled_modules
 
-    packing = TokenPacking("tokens", 64, EOS, PAD, str(tmp_path))
+    packing = TokenPacking("tokens", 64, EOS, PAD, str(tmp_path), local_copy)
     dm = LanceDataModule(small_token_uri, "documents", num_splits=4, batch_size=2, pack=packing)
     source = dm._source("documents", None, True, None)
     plan = RankEpochPlan((0,) * 4, source.split_len, 1, 0, 2, 2)
     job = source.job(0, ReaderOrder.of_worker(plan, 1), pooled=True)
-    modules = pickled_modules(pickle.dumps(source.pool(2, 2).task))
-    modules |= pickled_modules(pickle.dumps(job))
+    task = source.pool(2, 2).task
+    modules = pickled_modules(pickle.dumps(task)) | set(task.imports)
     imports = "; ".join(f"import {module}" for module in sorted(modules))
-    heavy = "{'torch', 'lightning'}"
+    (tmp_path / "job").write_bytes(pickle.dumps(job))
+    unpickle = f"import pickle; pickle.loads(open({str(tmp_path / 'job')!r}, 'rb').read())"
+    heavy = "{'torch', 'lightning', 'lancedb'}"
     check = f"import sys; print(sorted({{m.split('.')[0] for m in sys.modules}} & {heavy}))"
     found = subprocess.run(
-        [sys.executable, "-c", f"{imports}; {check}"], capture_output=True, text=True, check=True
+        [sys.executable, "-c", f"{imports}; {unpickle}; {check}"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
-    assert found.stdout.strip() == "[]"
+    assert found.stdout.strip() == str(imported)
 
 
 def test_a_local_copy_cut_short_is_named_with_what_to_do(small_token_uri, tmp_path):

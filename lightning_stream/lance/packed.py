@@ -181,6 +181,10 @@ class PackJob:
     make: Callable[[dict[str, np.ndarray]], Any] | None
     local: LocalTokens | None = None
 
+    @property
+    def reads_table(self) -> bool:
+        return self.local is None
+
     def payloads(self, reader: BudgetedReader) -> Iterator[Any]:
         at_once = max(1, BUILT_TOKENS // self.packing.block_size)
         groups = [[self.sizes[i] for i in run] for run in runs_of(self.sizes, at_once)]

@@ -24,7 +24,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-import lancedb
 import numpy as np
 import pyarrow as pa
 
@@ -80,6 +79,8 @@ class TableOpener:
     storage_options: dict[str, str] | None = field(default=None, repr=False, compare=False)
 
     def __call__(self) -> Any:
+        import lancedb  # here, not above: a worker that cuts a local copy never needs it
+
         table = lancedb.connect(self.uri, storage_options=self.storage_options).open_table(
             self.name
         )

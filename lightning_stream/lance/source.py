@@ -284,7 +284,8 @@ class LanceSource:
         share = self.read_ahead_bytes // workers
         slot_bytes = share // (4 * SLOTS)
         budget = share - SLOTS * slot_bytes
-        task = ReadTask(self.opener, self.read_columns, budget, self.pace.for_workers())
+        imports = () if self.local_tokens is not None else ("lancedb",)
+        task = ReadTask(self.opener, self.read_columns, budget, self.pace.for_workers(), imports)
         return PoolSpec(task, slot_bytes, "lance-reader")
 
     def job(self, epoch: int, order: ReaderOrder, pooled: bool) -> ReadJob | PackJob:

@@ -7,8 +7,8 @@ share of the plan in order, with a :class:`~lightning_stream.lance.reader.Budget
 and makes each batch's payload from them (the job's ``make``).
 
 This module, :mod:`~lightning_stream.lance.reader` and :mod:`~lightning_stream.lance.pace`
-are what a worker imports (with lancedb, pyarrow and numpy; torch only to run a
-``transform``).
+are what a worker imports (with pyarrow and numpy; lancedb where it reads the table, not
+where it cuts blocks from a local copy; torch only to run a ``transform``).
 """
 
 from __future__ import annotations
@@ -49,6 +49,10 @@ class ReadJob:
     opener: TableOpener
     make: Callable[[pa.Table], Any]
 
+    @property
+    def reads_table(self) -> bool:
+        return True
+
     def payloads(self, reader: BudgetedReader) -> Iterator[Any]:
         tables = reader.batches(self.sizes)
         try:
@@ -61,29 +65,36 @@ class ReadJob:
 @dataclass
 class _Reader:
     opener: TableOpener
-    table: Any
+    table: Any | None  # opened by the first job that reads it
     counters: ReadCounters
 
 
 @dataclass(frozen=True)
 class ReadTask:
-    """Reads of one table's ``columns`` holding at most ``budget`` bytes, at ``pace``."""
+    """Reads of one table's ``columns`` holding at most ``budget`` bytes, at ``pace``.
+
+    ``imports``: what a worker imports before it is forked, beside the modules this
+    task's pickle names: ``("lancedb",)`` (imported once for all the workers) where its
+    jobs read the table, ``()`` where they cut blocks from a local copy (a worker then
+    starts without lancedb's 0.7 s of imports)."""
 
     opener: TableOpener
     columns: list[str] | None
     budget: int
     pace: ReadPace
+    imports: tuple[str, ...] = ("lancedb",)
 
     def open(self, worker: int) -> _Reader:
         keep_read_buffers()  # before lancedb starts its threads here
-        return _Reader(self.opener, self.opener(), ReadCounters())
+        return _Reader(self.opener, None, ReadCounters())
 
     def reader_of(self, table: Any, counters: ReadCounters) -> _Reader:
         """A reader on a table this process already opened, adding to ``counters``."""
         return _Reader(self.opener, table, counters)
 
     def run(self, state: _Reader, job: ReadJob | PackJob) -> Iterator[Any]:
-        if job.opener != state.opener:  # a resume pins another version
+        # a resume may pin another version
+        if job.reads_table and (state.table is None or job.opener != state.opener):
             state.opener, state.table = job.opener, job.opener()
         reader = BudgetedReader(
             LanceReads(state.table, self.columns, state.opener),

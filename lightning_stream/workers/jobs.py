@@ -32,7 +32,9 @@ class Task(Protocol[State, Job]):
 
     ``open`` runs once in each worker before its first job (an inline reader is given its
     state instead); ``run`` makes the job's payloads in order; ``counters`` is the state's
-    counters (bytes loaded, rows read...), sent with every payload.
+    counters (bytes loaded, rows read...), sent with every payload. A task may name, in
+    an ``imports`` tuple, modules its jobs need that its own pickle does not: a worker
+    pool imports them once, before it forks its workers.
     """
 
     def open(self, worker: int) -> State: ...

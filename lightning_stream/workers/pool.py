@@ -68,7 +68,7 @@ class WorkerPool:
 
     def __init__(self, task: Task, workers: int, slot_bytes: int, name: str, seed: int = 0):
         data = pickle.dumps(task)
-        modules = pickled_modules(data)
+        modules = pickled_modules(data) | set(getattr(task, "imports", ()))
         self.workers = workers
         self.arena = Arena(workers, slot_bytes)
         lifeline, self._lifeline = os.pipe()
