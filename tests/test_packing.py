@@ -507,6 +507,40 @@ def test_a_packing_worker_imports_what_it_reads_with_only(
     assert found.stdout.strip() == str(imported)
 
 
+@pytest.mark.parametrize(("local_copy", "workers"), [(False, 0), (True, 2)])
+def test_documents_of_hundreds_of_thousands_of_tokens_are_split_never_cut(
+    tmp_path, local_copy, workers
+):
+    """Rows far heavier than the heavy tail above (up to 300,000 tokens, 146 blocks):
+    every token once, and within and across blocks each label is its document's next
+    token (token ``p`` of document ``d`` is ``d * 1,000,000 + p``)."""
+    import lancedb
+    import pyarrow as pa
+
+    step = 1_000_000
+    lengths = np.array([300_000, 1, 70_001, 2048, 2049, 5, 123_457, 9, 250_000, 3])
+    values = [np.arange(length, dtype=np.int32) + d * step for d, length in enumerate(lengths)]
+    rows = pa.table({"tokens": pa.array(values, type=pa.list_(pa.int32()))})
+    lancedb.connect(str(tmp_path / "db")).create_table("long", rows)
+    packing = TokenPacking("tokens", 2048, EOS, PAD, str(tmp_path / "cache"), local_copy)
+    dm = LanceDataModule(
+        str(tmp_path / "db"), "long", num_splits=4, batch_size=3, num_workers=workers, pack=packing
+    )
+    dm.setup("fit")
+    try:
+        batches = list(dm.train_dataloader())
+    finally:
+        dm.teardown("fit")
+    ids = torch.cat([b["input_ids"] for b in batches]).numpy()
+    labels = torch.cat([b["labels"] for b in batches]).numpy()
+    real = (ids != EOS) & (ids != PAD)
+    assert np.array_equal(np.sort(ids[real]), np.sort(np.concatenate(values)))
+    assert (ids == EOS).sum() == len(lengths)
+    ends_document = real & (ids % step == lengths[np.minimum(ids // step, 9)] - 1)
+    assert (labels[real & ~ends_document] == ids[real & ~ends_document] + 1).all()
+    assert (labels[ends_document] == EOS).all() and (labels[~real] == IGNORE_INDEX).all()
+
+
 def test_a_local_copy_cut_short_is_named_with_what_to_do(small_token_uri, tmp_path):
     packing = TokenPacking("tokens", 64, EOS, PAD, str(tmp_path), local_copy=True)
     dm = LanceDataModule(small_token_uri, "documents", num_splits=4, batch_size=2, pack=packing)
