@@ -46,6 +46,11 @@ made afresh: a machine that has read nothing yet. So our setup counts (and copie
 token column from the store, and LitData downloads its chunks as it reads them; the
 table's ceiling is not run.
 
+``--trainer`` runs both epochs inside ``Trainer.fit(max_epochs=2)`` of a model that
+trains nothing (``benchmarks/lightning_parts.py``: ``TokenModel``), each batch timed as it
+reaches ``training_step``: Lightning's loop shares the process (and, at 0 workers, the
+GIL) with the reader, as in training; the table's ceiling is not run.
+
 Reported per worker count (0 and 2): tokens/s after the first batch (median and range)
 and ours over each LitData configuration paired by round (after the first batch, over
 the next epoch in the same process, and from setup: the first epoch's tokens over the
@@ -104,11 +109,13 @@ def epoch(
     block: int,
     step_ms: float,
     endpoint: str | None = None,
+    trainer: bool = False,
 ) -> dict:
     """Two epochs of ``reader:workers`` in this (fresh) process, each batch followed by a
     wait of ``step_ms``. With an S3 ``endpoint``, both datasets are read from its bucket
     ``bench``, each with a cache directory of its own made afresh (a machine that has
-    read nothing of them yet)."""
+    read nothing of them yet). ``trainer``: inside ``Trainer.fit(max_epochs=2)``, the
+    batches timed as they reach ``training_step``; otherwise a loop over the loader."""
     sys.path.insert(0, str(ROOT))
     reader, workers = config.split(":")
     workers = int(workers)
@@ -120,6 +127,8 @@ def epoch(
         from lightning_stream import LanceDataModule, TokenPacking
     elif reader in LITDATA:
         from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
+    if trainer:
+        from lightning_parts import TokenModel, quiet_trainer
     built = time.perf_counter()
     if reader == CEILING:
         loader = TokenScan(uri)
@@ -132,8 +141,9 @@ def epoch(
         packing = TokenPacking("tokens", block, EOS_ID, PAD_ID, cache, reader == "ours-local")
         shape = {"num_splits": NUM_SPLITS, "batch_size": batch, "num_workers": workers}
         dm = LanceDataModule(uri, "documents", **shape, pack=packing, storage_options=options)
-        dm.setup("fit")
-        loader = dm.train_dataloader()
+        if not trainer:
+            dm.setup("fit")
+            loader = dm.train_dataloader()
     else:
         remote = {}
         if endpoint:
@@ -144,11 +154,19 @@ def epoch(
         )
         collate = {"collate_fn": same_fields} if reader == "litdata-fields" else {}
         loader = StreamingDataLoader(dataset, batch_size=batch, num_workers=workers, **collate)
-    with PeakRss() as peak:
-        start, stamps, first_rss = one_pass(loader, max(1, workers), step_ms)
-    again_start, again, _ = one_pass(loader, max(1, workers), step_ms)
-    if reader in OURS:
-        dm.teardown("fit")
+    if trainer:
+        model = TokenModel(max(1, workers), step_ms)
+        with PeakRss() as peak:
+            fed = {"datamodule": dm} if reader in OURS else {"train_dataloaders": loader}
+            quiet_trainer(max_epochs=2).fit(model, **fed)
+        (start, again_start), (stamps, again) = model.starts, model.stamps
+        first_rss = model.first_rss_mb
+    else:
+        with PeakRss() as peak:
+            start, stamps, first_rss = one_pass(loader, max(1, workers), step_ms)
+        again_start, again, _ = one_pass(loader, max(1, workers), step_ms)
+        if reader in OURS:
+            dm.teardown("fit")
     if fresh:
         fresh.cleanup()
     tokens = sum(n for _, n in stamps)
@@ -287,10 +305,13 @@ def main() -> None:
         default=0,
         help="--s3: cores the S3 server runs on alone, readers on the rest (default 0: shared)",
     )
+    parser.add_argument(
+        "--trainer", action="store_true", help="every epoch inside Trainer.fit (default: a loop)"
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also keep the figures there")
     args = parser.parse_args()
     configs = [f"{reader}:{w}" for w in (0, 2) for reader in OURS + LITDATA]
-    if not args.s3:
+    if not (args.s3 or args.trainer):
         configs.insert(len(OURS + LITDATA), f"{CEILING}:0")
     runs: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as serving:
@@ -304,7 +325,7 @@ def main() -> None:
             for config in configs:
                 arguments = [__file__, "--one", config, uri, litdata_dir, cache]
                 arguments += [str(args.batch_size), str(args.block_size), str(args.step_ms)]
-                arguments.append(endpoint)
+                arguments += [endpoint, "trainer" if args.trainer else "loop"]
                 runs[-1][config] = run_fresh(arguments, f"round {round_} {config}")
     figures = summary(runs)
     report(figures, preparation)
@@ -312,6 +333,9 @@ def main() -> None:
         result = {"documents": args.documents, "block_size": args.block_size, **preparation}
         result |= {"batch_size": args.batch_size, "rounds": args.rounds, "step_ms": args.step_ms}
         name = f"{args.documents:,} documents, block {args.block_size}, step {args.step_ms:g} ms"
+        if args.trainer:
+            result["trainer"] = True
+            name += ", inside Trainer.fit"
         if args.s3:
             result |= {"s3_latency_ms": args.latency_ms, "store_cores": args.store_cores}
             name += f", S3 (latency {args.latency_ms:g} ms, store cores {args.store_cores})"
@@ -409,9 +433,9 @@ def report(figures: dict, preparation: dict) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--one"]:
-        config, uri, litdata_dir, cache, batch, block, step_ms, endpoint = sys.argv[2:10]
+        config, uri, litdata_dir, cache, batch, block, step_ms, endpoint, how = sys.argv[2:11]
         endpoint = None if endpoint == "-" else endpoint
         shape = (int(batch), int(block), float(step_ms))
-        hand_back(epoch(config, uri, litdata_dir, cache, *shape, endpoint))
+        hand_back(epoch(config, uri, litdata_dir, cache, *shape, endpoint, how == "trainer"))
     else:
         main()

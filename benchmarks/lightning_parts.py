@@ -1,5 +1,5 @@
-"""The Lightning side of the Lance benchmarks: a quiet ``Trainer`` and a model that
-trains nothing but records when each batch reached its ``training_step``."""
+"""The Lightning side of the Lance benchmarks: a quiet ``Trainer`` and models that train
+nothing but record when each batch reached their ``training_step``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from measure import tree_rss_mb
 
 
 def quiet_trainer(**options: Any) -> pl.Trainer:
@@ -45,6 +46,37 @@ class NoOpModel(pl.LightningModule):
     def training_step(self, batch: dict, batch_idx: int) -> None:
         self.stamps[-1].append((time.perf_counter(), len(batch["id"])))
         self.ids[-1].extend(batch["id"].tolist())
+        if self.step_ms:
+            time.sleep(self.step_ms / 1000)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class TokenModel(pl.LightningModule):
+    """For token blocks: ``training_step`` notes, per epoch, when it began
+    (``starts[epoch]``) and when each batch arrived with how many tokens it held
+    (``stamps[epoch]``; a batch is a tensor of blocks or a dict with ``input_ids``), and
+    the process tree's resident memory once ``readers`` batches had arrived
+    (``first_rss_mb``), then waits ``step_ms``."""
+
+    def __init__(self, readers: int, step_ms: float = 0.0) -> None:
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+        self.readers, self.step_ms = readers, step_ms
+        self.starts: list[float] = []
+        self.stamps: list[list[tuple[float, int]]] = []
+        self.first_rss_mb = 0.0
+
+    def on_train_epoch_start(self) -> None:
+        self.starts.append(time.perf_counter())
+        self.stamps.append([])
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        ids = batch["input_ids"] if isinstance(batch, dict) else batch
+        self.stamps[-1].append((time.perf_counter(), ids.numel()))
+        if len(self.stamps) == 1 and len(self.stamps[0]) == self.readers:
+            self.first_rss_mb = tree_rss_mb()
         if self.step_ms:
             time.sleep(self.step_ms / 1000)
 

@@ -463,6 +463,8 @@ what it held once every reader had handed out a batch, against `read_ahead_bytes
                     ]
                 )
         step = f", a {run['step_ms']:g} ms step after each batch" if run.get("step_ms") else ""
+        if run.get("trainer"):
+            step += ", inside `Trainer.fit` (batches timed as they reach `training_step`)"
         if "s3_latency_ms" in run:
             step += (
                 f", both read from the test S3 server (latency {run['s3_latency_ms']:g} ms,"
