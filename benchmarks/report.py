@@ -413,8 +413,11 @@ heavy tail, about 18M tokens) as a LanceDB table and, each followed by its
 end-of-document token, as a LitData token dataset, and reads two shuffled epochs per fresh
 process, batches of 16 blocks of 2,048 tokens, at 0 and 2 workers (also on 2,000,000
 documents, on 20,000,000 documents (1.8 billion tokens; one round: the data, about 7 GB
-in each of the three forms, does not all stay in this machine's page cache), and with a
-training step after each batch):
+in each of the three forms, does not all stay in this machine's page cache), with a
+training step after each batch, inside `Trainer.fit` (`--trainer`), and with both datasets
+read from the test S3 server with 20 ms latency on a machine that has read nothing of them
+yet (`--s3`: our setup counts and copies the token column from the store, LitData
+downloads its chunks as it reads them)):
 `LanceDataModule(pack=TokenPacking(...))` (32 splits; batches of `input_ids`, `labels`,
 `position_ids`, `document_ids`, `cu_seqlens`, `max_seqlen`), reading the documents from
 the table (`local_copy=False`) or from a local copy of the token column (`True`, what the
@@ -422,9 +425,11 @@ default does where the copy fits in half the free disk), against
 `StreamingDataset(item_loader=TokensLoader(2048))`, raw (`input_ids` only) and with a
 collate that derives the same fields from the end-of-document tokens (with the array
 arithmetic ours uses), which is what a LitData user adds to train as ours trains. Ratios
-are ours over LitData in the same round: tokens/s after the first batch, and over the next
-epoch. Memory: ours' peak resident memory of the process tree (workers included) above
-what it held once every reader had handed out a batch, against `read_ahead_bytes`.
+are ours over LitData in the same round: tokens/s after the first batch, over the next
+epoch, and from setup (the first epoch's tokens over the time from the loader's
+construction, our `setup` included, to its last batch). Memory: ours' peak resident
+memory of the process tree (workers included) above what it held once every reader had
+handed out a batch, against `read_ahead_bytes`.
 """
     if runs is None:
         return text + "\n" + no_results("benchmarks/results/bench_packing.json") + "\n"
