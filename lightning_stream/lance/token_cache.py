@@ -137,11 +137,13 @@ def _decline(local: LocalTokens, needed: int, room: int, cache_dir: Path) -> Non
     log.warning(
         "the local copy of the token column would take %.1f GB, more than %d%% of the free"
         " space of %s (%.1f GB): its documents are read from the table instead. Pass a"
-        " cache_dir with more room, or TokenPacking(local_copy=True) to copy anyway",
+        " cache_dir with more room, or TokenPacking(local_copy=True) to copy anyway (once"
+        " there is room, delete %s and this machine tries again)",
         needed / 1e9,
         round(COPY_SHARE_OF_FREE_DISK * 100),
         cache_dir,
         room / COPY_SHARE_OF_FREE_DISK / 1e9,
+        _declined_mark(local),
     )
     _declined_mark(local).write_text(f"{needed} bytes needed, {room} allowed\n")
 
