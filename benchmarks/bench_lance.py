@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 from fresh import hand_back, run_fresh
-from measure import PeakRss, rates
+from measure import PeakRss, add_store_options, rates
 from record import save
 
 NUM_SPLITS = 32
@@ -162,9 +162,7 @@ def main() -> None:
         "--heavy-rows", type=int, help="rows of the heavy table (default 50,000; --s3: 25,000)"
     )
     parser.add_argument("--s3", action="store_true", help="local disk next to S3 (moto)")
-    parser.add_argument(
-        "--latency-ms", type=float, default=20.0, help="--s3: wait of each request (0: none)"
-    )
+    add_store_options(parser)
     parser.add_argument(
         "--before",
         type=Path,
@@ -179,12 +177,6 @@ def main() -> None:
     )
     parser.add_argument(
         "--step-ms", type=float, default=0.0, help="--s3: wait after each batch (a training step)"
-    )
-    parser.add_argument(
-        "--store-cores",
-        type=int,
-        default=0,
-        help="--s3: cores the S3 server runs on alone, readers on the rest (default 0: shared)",
     )
     parser.add_argument(
         "--json", type=Path, metavar="PATH", help="also keep the reported figures there"

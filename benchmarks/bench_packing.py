@@ -72,7 +72,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from fresh import hand_back, run_fresh
-from measure import PeakRss, cores_for_store, rates, shown, spread, tree_rss_mb
+from measure import PeakRss, add_store_options, cores_for_store, rates, shown, spread, tree_rss_mb
 from record import save
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -296,15 +296,7 @@ def main() -> None:
     parser.add_argument(
         "--s3", action="store_true", help="read both datasets from an S3 server, cold caches"
     )
-    parser.add_argument(
-        "--latency-ms", type=float, default=20.0, help="--s3: wait of each request (0: none)"
-    )
-    parser.add_argument(
-        "--store-cores",
-        type=int,
-        default=0,
-        help="--s3: cores the S3 server runs on alone, readers on the rest (default 0: shared)",
-    )
+    add_store_options(parser)
     parser.add_argument(
         "--trainer", action="store_true", help="every epoch inside Trainer.fit (default: a loop)"
     )

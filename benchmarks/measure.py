@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import os
 import statistics
@@ -115,6 +116,20 @@ def size_summary(runs: dict, sizes: list[int], ratios: tuple[str, ...]) -> dict:
 def shown(figure: dict[str, float]) -> str:
     """A :func:`spread` as ``median (min-max)``."""
     return f"{figure['median']:.2f} ({figure['min']:.2f}-{figure['max']:.2f})"
+
+
+def add_store_options(parser: argparse.ArgumentParser) -> None:
+    """``--latency-ms`` and ``--store-cores``: the test S3 server a benchmark's ``--s3``
+    reads from (see :func:`cores_for_store`)."""
+    parser.add_argument(
+        "--latency-ms", type=float, default=20.0, help="--s3: wait of each request (0: none)"
+    )
+    parser.add_argument(
+        "--store-cores",
+        type=int,
+        default=0,
+        help="--s3: cores the S3 server runs on alone, readers on the rest (default 0: shared)",
+    )
 
 
 def cores_for_store(store_cores: int) -> set[int] | None:
