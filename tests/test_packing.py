@@ -478,8 +478,9 @@ def test_a_packing_worker_imports_what_it_reads_with_only(
     small_token_uri, tmp_path, local_copy, imported
 ):
     """What a worker imports (its task's pickle and imports, then a packed job) holds
-    neither torch nor lightning (torch alone took 0.8 s in each worker before its first
-    block), nor lancedb (0.7 s) where the blocks are cut from a local copy."""
+    neither torch nor lightning (each worker imported torch before its first block), nor
+    lancedb where the blocks are cut from a local copy: imports are most of a worker's
+    start."""
     import pickle
     import subprocess
     import sys

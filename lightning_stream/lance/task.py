@@ -76,7 +76,7 @@ class ReadTask:
     ``imports``: what a worker imports before it is forked, beside the modules this
     task's pickle names: ``("lancedb",)`` (imported once for all the workers) where its
     jobs read the table, ``()`` where they cut blocks from a local copy (a worker then
-    starts without lancedb's 0.7 s of imports)."""
+    starts without lancedb's imports, the larger part of its start)."""
 
     opener: TableOpener
     columns: list[str] | None
