@@ -303,7 +303,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, metavar="PATH", help="also keep the figures there")
     args = parser.parse_args()
     configs = [f"{reader}:{w}" for w in (0, 2) for reader in OURS + LITDATA]
-    if not (args.s3 or args.trainer):
+    if not (args.s3 or args.trainer or args.step_ms):  # a ceiling of reads alone
         configs.insert(len(OURS + LITDATA), f"{CEILING}:0")
     runs: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as serving:

@@ -481,7 +481,7 @@ handed out a batch, against `read_ahead_bytes`.
         )
         rounds = f"Medians (range) of {run['rounds']} rounds" if run["rounds"] > 1 else "One round"
         ceiling = run["figures"]["0 workers"].get("lance-scan")
-        if ceiling is not None:
+        if ceiling is not None and not run.get("step_ms"):  # a ceiling of reads alone
             prepared += (
                 " The table's ceiling through lance at 0 workers (its token column scanned in"
                 " storage order on lance's own threads, no shuffle, no blocks):"
