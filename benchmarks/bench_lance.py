@@ -184,11 +184,6 @@ def main() -> None:
     parser.add_argument(
         "--trainer", action="store_true", help="--s3: every epoch inside Trainer.fit"
     )
-    parser.add_argument(
-        "--moto-ranges",
-        action="store_true",
-        help="--s3: moto's own server answers the range reads (default: the test store's front)",
-    )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--uri", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_packing.py [--documents 200000] [--block-size 2048]
         [--batch-size 16] [--step-ms 0] [--rounds 3]
-        [--s3 [--latency-ms 20] [--store-cores 0]]
+        [--s3 [--latency-ms 20] [--store-cores 0] [--moto-ranges]] [--trainer]
         [--json benchmarks/results/bench_packing.json]
 
 LitData is an optional benchmark dependency, installed as for ``bench_litdata.py``:
@@ -41,7 +41,8 @@ GPU does; default 0: none):
 ``--s3`` uploads the table and LitData's dataset, as written, to a bucket of the test S3
 server (``tests/s3_server.py``: moto on 127.0.0.1, every request answered after
 ``--latency-ms``; ``--store-cores N`` keeps it on the host's last N cores and the readers
-on the others) and reads them from there, each process with a cache directory of its own
+on the others; ``--moto-ranges``: moto answers the range reads itself, not the
+store's front) and reads them from there, each process with a cache directory of its own
 made afresh: a machine that has read nothing yet. So our setup counts (and copies) the
 token column from the store, and LitData downloads its chunks as it reads them; the
 table's ceiling is not run.
@@ -311,7 +312,8 @@ def main() -> None:
         (uri, litdata_dir, cache), preparation = write_data(Path(tmp), args.documents)
         endpoint = "-"
         if args.s3:
-            endpoint = serving.enter_context(s3_copy(Path(tmp), args.latency_ms, store_cpus))
+            served = s3_copy(Path(tmp), args.latency_ms, store_cpus, args.moto_ranges)
+            endpoint = serving.enter_context(served)
         for round_ in range(args.rounds):
             runs.append({})
             for config in configs:
@@ -330,19 +332,23 @@ def main() -> None:
             name += ", inside Trainer.fit"
         if args.s3:
             result |= {"s3_latency_ms": args.latency_ms, "store_cores": args.store_cores}
-            name += f", S3 (latency {args.latency_ms:g} ms, store cores {args.store_cores})"
+            result["moto_ranges"] = args.moto_ranges
+            name += f", S3 (latency {args.latency_ms:g} ms, store cores {args.store_cores}"
+            name += ", ranges by moto)" if args.moto_ranges else ")"
         save(args.json, name, {**result, "runs": runs, "figures": figures})
 
 
 @contextmanager
-def s3_copy(tmp: Path, latency_ms: float, cpus: set[int] | None):
+def s3_copy(tmp: Path, latency_ms: float, cpus: set[int] | None, moto_ranges: bool):
     """The table and LitData's dataset of ``tmp`` uploaded to a bucket ``bench`` of the
     test S3 server (``tests/s3_server.py``: moto, every request answered after
-    ``latency_ms``, on ``cpus``); yields its endpoint while it serves."""
+    ``latency_ms``, on ``cpus``; ``moto_ranges``: range reads answered by moto itself);
+    yields its endpoint while it serves."""
     sys.path.insert(0, str(ROOT))
     from tests.s3_server import S3Server
 
-    with S3Server(tmp / "moto.log", latency_ms=latency_ms, cpus=cpus) as server:
+    store = S3Server(tmp / "moto.log", latency_ms=latency_ms, cpus=cpus, moto_ranges=moto_ranges)
+    with store as server:
         server.create_bucket("bench")
         server.upload(tmp / "db", S3_TABLE)
         server.upload(tmp / "litdata", S3_LITDATA)

@@ -119,8 +119,8 @@ def shown(figure: dict[str, float]) -> str:
 
 
 def add_store_options(parser: argparse.ArgumentParser) -> None:
-    """``--latency-ms`` and ``--store-cores``: the test S3 server a benchmark's ``--s3``
-    reads from (see :func:`cores_for_store`)."""
+    """``--latency-ms``, ``--store-cores`` and ``--moto-ranges``: the test S3 server a
+    benchmark's ``--s3`` reads from (see :func:`cores_for_store`)."""
     parser.add_argument(
         "--latency-ms", type=float, default=20.0, help="--s3: wait of each request (0: none)"
     )
@@ -129,6 +129,11 @@ def add_store_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="--s3: cores the S3 server runs on alone, readers on the rest (default 0: shared)",
+    )
+    parser.add_argument(
+        "--moto-ranges",
+        action="store_true",
+        help="--s3: moto's own server answers the range reads (default: the test store's front)",
     )
 
 

@@ -473,7 +473,9 @@ handed out a batch, against `read_ahead_bytes`.
         if "s3_latency_ms" in run:
             step += (
                 f", both read from the test S3 server (latency {run['s3_latency_ms']:g} ms,"
-                f" store cores {run['store_cores']}) with cold caches"
+                f" store cores {run['store_cores']}"
+                f"{', range reads answered by moto' if run.get('moto_ranges') else ''})"
+                " with cold caches"
             )
         prepared = (
             f"Prepared once: LitData's `optimize` {run['litdata_optimize_s']:.1f} s; our token"
