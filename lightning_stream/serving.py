@@ -9,7 +9,11 @@ engine owns everything else, the same for every format:
   (:class:`~lightning_stream.workers.inline.InlineReader`), a few batches ahead of
   ``training_step``; what the user's transform draws at random comes from the main
   thread's generators, in batch order, because the thread makes batches without it and
-  the transform runs here.
+  the transform runs here. A job whose work only computes on local data under the GIL
+  (its ``runs_on_caller`` is true: packed blocks cut from a local copy) is run by the
+  thread that asks for its batches instead, as each is asked for: a thread would not
+  overlap that work with the training step, only contend with the training loop for the
+  GIL.
 - ``num_workers>0``: the readers are worker processes
   (:class:`~lightning_stream.workers.pool.WorkerPool`), started once and kept while their
   number and slot size stay the same. After an elastic resume the lagging rows (the
@@ -32,7 +36,7 @@ from typing import Any, Protocol
 from lightning_stream.batching import Batch
 from lightning_stream.plan import RankEpochPlan, ReaderOrder
 from lightning_stream.workers.inline import InlineReader
-from lightning_stream.workers.jobs import Task
+from lightning_stream.workers.jobs import Queued, Task
 from lightning_stream.workers.pool import WorkerDied, WorkerPool
 
 
@@ -68,7 +72,8 @@ class SourceFormat(Protocol):
 
     def job(self, epoch: int, order: ReaderOrder, pooled: bool) -> Any:
         """What one reader reads of ``epoch``: the rows of ``order``, in order, cut into
-        ``order.sizes``; ``pooled``: for a worker process, else for the thread here."""
+        ``order.sizes``; ``pooled``: for a worker process, else for this process (where a
+        job with a true ``runs_on_caller`` is made on the thread that asks for it)."""
 
     def finish(self, payload: Any, pooled: bool) -> Batch:
         """A reader's payload as the batch ``training_step`` receives, on the main thread
@@ -99,13 +104,12 @@ class ServingEngine:
         key = self._key(epoch, plan)
         if plan.num_workers == 0:
             after = upcoming and (self._key(*upcoming), self._jobs(*upcoming))
-            inline = self._inline_reader()
-            yield from inline.serve(key, self._jobs(epoch, plan), self._finish_here, after)
+            yield from self._serve_here(key, self._jobs(epoch, plan), after)
             return
         pool = self.start_pool(plan.num_workers, plan.batch_size)
         if plan.num_workers > 1 and plan.head:
             head = [fmt.job(epoch, ReaderOrder(plan, range(0), head=True), pooled=False)]
-            for batch in self._inline_reader().serve(("head", key), head, self._finish_here):
+            for batch in self._serve_here(("head", key), head):
                 pool.ready()  # a worker that failed to start says so now
                 yield batch
         after = upcoming and (self._key(*upcoming), self._jobs(*upcoming))
@@ -129,6 +133,24 @@ class ServingEngine:
             self.format.job(epoch, ReaderOrder.of_worker(plan, worker), pooled)
             for worker in range(max(1, plan.num_workers))
         ]
+
+    def _serve_here(self, key: Hashable, jobs: list[Any], after: Queued = None) -> Iterator[Batch]:
+        """The batches of ``jobs[0]``, read in this process: by the reading thread, or by
+        this thread as each is asked for where the job only computes on local data
+        (``runs_on_caller``)."""
+        if not getattr(jobs[0], "runs_on_caller", False):
+            yield from self._inline_reader().serve(key, jobs, self._finish_here, after)
+            return
+        if self._inline is not None:  # its thread would share the state this job updates
+            inline, self._inline = self._inline, None
+            inline.close()
+        task, state = self._reader_here()
+        payloads = task.run(state, jobs[0])
+        try:
+            for payload in payloads:
+                yield self._finish_here(payload)
+        finally:
+            payloads.close()
 
     def _finish_here(self, payload: Any) -> Batch:
         return self.format.finish(payload, pooled=False)

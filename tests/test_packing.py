@@ -9,6 +9,7 @@ document and position, so a block's tokens say where each came from.
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -139,6 +140,9 @@ def test_one_epoch_every_block_against_its_documents_every_token_once(
         tokens.append(arrays["input_ids"][arrays["document_ids"] >= 0])
         padding += int((arrays["document_ids"] < 0).sum())
     assert masks > 100
+    # at 0 workers the copy's blocks are made when asked for; the table's on a thread
+    reading_thread = any(thread.name == "inline-reader" for thread in threading.enumerate())
+    assert reading_thread != local_copy
     tokens = np.concatenate(tokens)
     assert_every_token_once(tokens, lengths)
     assert padding / (padding + len(tokens)) < 0.01

@@ -185,6 +185,13 @@ class PackJob:
     def reads_table(self) -> bool:
         return self.local is None
 
+    @property
+    def runs_on_caller(self) -> bool:
+        """Cut from the local copy, blocks only compute (positional reads of a local file,
+        numpy under the GIL): at ``num_workers=0`` a reading thread would not overlap that
+        with training, only contend with the training loop for the GIL."""
+        return self.local is not None
+
     def payloads(self, reader: BudgetedReader) -> Iterator[Any]:
         at_once = max(1, BUILT_TOKENS // self.packing.block_size)
         groups = [[self.sizes[i] for i in run] for run in runs_of(self.sizes, at_once)]
