@@ -429,7 +429,10 @@ are ours over LitData in the same round: tokens/s after the first batch, over th
 epoch, and from setup (the first epoch's tokens over the time from the loader's
 construction, our `setup` included, to its last batch). Memory: ours' peak resident
 memory of the process tree (workers included) above what it held once every reader had
-handed out a batch, against `read_ahead_bytes`.
+handed out a batch, against `read_ahead_bytes`. At 0 workers, tables measured at `5b40521`
+and later make the local copy's blocks on the thread that asks for them; earlier ones
+made them on a reading thread. Tables dated 2026-12-08 ran on a slower host than earlier
+ones: compare ratios across tables, not tokens/s.
 """
     if runs is None:
         return text + "\n" + no_results("benchmarks/results/bench_packing.json") + "\n"
