@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from lightning_stream.batching import Batch
 from lightning_stream.plan import RankEpochPlan, ReaderOrder
 from lightning_stream.workers.inline import InlineReader
-from lightning_stream.workers.jobs import Queued, Task
+from lightning_stream.workers.jobs import Task
 from lightning_stream.workers.pool import WorkerDied, WorkerPool
 
 
@@ -103,8 +103,7 @@ class ServingEngine:
         fmt = self.format
         key = self._key(epoch, plan)
         if plan.num_workers == 0:
-            after = upcoming and (self._key(*upcoming), self._jobs(*upcoming))
-            yield from self._serve_here(key, self._jobs(epoch, plan), after)
+            yield from self._serve_here(key, self._jobs(epoch, plan), upcoming)
             return
         pool = self.start_pool(plan.num_workers, plan.batch_size)
         if plan.num_workers > 1 and plan.head:
@@ -134,11 +133,17 @@ class ServingEngine:
             for worker in range(max(1, plan.num_workers))
         ]
 
-    def _serve_here(self, key: Hashable, jobs: list[Any], after: Queued = None) -> Iterator[Batch]:
-        """The batches of ``jobs[0]``, read in this process: by the reading thread, or by
-        this thread as each is asked for where the job only computes on local data
-        (``runs_on_caller``)."""
+    def _serve_here(
+        self,
+        key: Hashable,
+        jobs: list[Any],
+        upcoming: tuple[int, RankEpochPlan] | None = None,
+    ) -> Iterator[Batch]:
+        """The batches of ``jobs[0]``, read in this process: by the reading thread (which
+        begins ``upcoming`` once they are read), or by this thread as each is asked for
+        where the job only computes on local data (``runs_on_caller``)."""
         if not getattr(jobs[0], "runs_on_caller", False):
+            after = upcoming and (self._key(*upcoming), self._jobs(*upcoming))
             yield from self._inline_reader().serve(key, jobs, self._finish_here, after)
             return
         if self._inline is not None:  # its thread would share the state this job updates
